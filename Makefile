@@ -1,0 +1,44 @@
+# Ballast: top-level entry points. `make demo` and `make test` install what they
+# need (Debian 12 packages), build, and run; both are idempotent.
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test unit integration demo install bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD_DIR)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_ARGS)
+
+configure: deps $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+unit: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)
+
+integration: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+demo: build
+	BALLAST_BIN=$(BUILD_DIR)/bin/ballast /usr/bin/python3 examples/demo.py
+
+bench: build
+	/usr/bin/python3 bench/recovery_bench.py --ballast $(BUILD_DIR)/bin/ballast
+	/usr/bin/python3 bench/rendezvous_bench.py --ballast $(BUILD_DIR)/bin/ballast
+
+install: build
+	cmake --install $(BUILD_DIR)
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,34 @@
+# Small helpers in the spirit of Abseil's CMake/AbseilHelpers.cmake.
+#
+# ballast_cc_library(NAME foo SRCS a.cc HDRS a.h DEPS ballast::common)
+#   -> static library ballast_foo with alias ballast::foo
+# ballast_cc_test(NAME foo_test SRCS foo_test.cc DEPS ballast::foo LABELS unit)
+#   -> gtest executable registered with CTest under the given labels
+include(GoogleTest)
+
+function(ballast_cc_library)
+  cmake_parse_arguments(B "" "NAME" "SRCS;HDRS;DEPS" ${ARGN})
+  add_library(ballast_${B_NAME} STATIC ${B_SRCS} ${B_HDRS})
+  add_library(ballast::${B_NAME} ALIAS ballast_${B_NAME})
+  target_include_directories(ballast_${B_NAME} PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_BINARY_DIR}/gen)
+  target_link_libraries(ballast_${B_NAME} PUBLIC ${B_DEPS})
+  target_compile_options(ballast_${B_NAME} PRIVATE ${BALLAST_WARNINGS})
+  set_target_properties(ballast_${B_NAME} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+function(ballast_cc_test)
+  cmake_parse_arguments(B "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${B_NAME} ${B_SRCS})
+  target_link_libraries(${B_NAME} PRIVATE ${B_DEPS} GTest::gmock GTest::gtest_main)
+  target_compile_options(${B_NAME} PRIVATE ${BALLAST_WARNINGS})
+  if(NOT B_LABELS)
+    set(B_LABELS unit)
+  endif()
+  if(NOT B_TIMEOUT)
+    set(B_TIMEOUT 120)
+  endif()
+  gtest_discover_tests(${B_NAME}
+    PROPERTIES LABELS "${B_LABELS}" TIMEOUT ${B_TIMEOUT}
+    ENVIRONMENT "BALLAST_BIN=${PROJECT_BINARY_DIR}/bin/ballast;BALLAST_SOURCE_DIR=${PROJECT_SOURCE_DIR};BALLAST_PYTHON=/usr/bin/python3"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,60 @@
+// `ballast run` options: a drop-in for torchrun's command line. Both spellings
+// of every flag are accepted (--nproc-per-node / --nproc_per_node), as is
+// --flag=value. The first non-flag argument is the training script (or module
+// with -m, or program with --no-python); everything after it belongs to it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ballast::agent {
+
+struct RunOptions {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  bool nnodes_given = false;
+  int nproc_per_node = 1;
+  std::optional<int> max_restarts;     // unset: the master's (default 3)
+  std::string rdzv_endpoint;           // HOST:PORT of the master, "" = none
+  std::string rdzv_id;                 // run id, "" = the master's
+  std::string rdzv_backend;            // accepted and ignored (with a note)
+  std::string rdzv_conf;               // k=v,k=v: last_call_timeout, join_timeout, timeout
+  bool standalone = false;
+  int node_rank = -1;                  // --node-rank hint; -1 = none
+  std::string master_addr;             // torchrun static rendezvous: master host
+  int master_port = -1;                // and port (hosts the ballast master on node rank 0)
+  std::string local_addr;              // this node's address for others; "" = derived
+  bool module = false;                 // -m / --module
+  bool no_python = false;              // --no-python
+  bool run_path = false;               // --run-path
+  std::string log_dir;                 // --log-dir; "" = none
+  std::string redirects = "0";         // -r/--redirects: 0..3 or per-rank map "0:1,1:2"
+  std::string tee = "0";               // -t/--tee: same format
+  double monitor_interval_s = 0.1;     // --monitor-interval (how often workers are polled)
+  std::string role = "default";        // --role
+  int node_unit = 0;                   // --node-unit; 0 = the master's
+  std::string token;                   // --token or BALLAST_TOKEN
+  std::string python = "python3";      // --python INTERPRETER
+  std::string training_script;         // script, module, or program
+  std::vector<std::string> training_args;
+  // Tunable overrides from --rdzv-conf (negative: not given).
+  double last_call_s = -1;
+  double join_timeout_s = -1;
+};
+
+// Parses the arguments after `ballast run`. Errors are kInvalidArgument with a
+// message that names the flag and says what to do; the CLI exits 2 on them.
+absl::StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args);
+
+// Help text for `ballast run --help`.
+std::string RunUsage();
+
+// Runs the agent (and, for --standalone or node rank 0 with --master-addr, an
+// embedded master) until the job ends. Returns the process exit code:
+// 0 job succeeded, 1 job failed or could not start, 128+N stopped by signal N.
+int RunAgent(const RunOptions& options);
+
+}  // namespace ballast::agent

@@ -1,0 +1,270 @@
+#include "common/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace ballast {
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return absl::StrCat("signal ", sig);
+  }
+}
+
+std::string ExitStatus::Describe() const {
+  if (signal != 0) return absl::StrCat("killed by ", SignalName(signal), " (signal ", signal, ")");
+  return absl::StrCat("exit code ", exit_code);
+}
+
+ExitStatus DecodeWaitStatus(int wstatus) {
+  ExitStatus s;
+  if (WIFEXITED(wstatus)) {
+    s.exit_code = WEXITSTATUS(wstatus);
+  } else if (WIFSIGNALED(wstatus)) {
+    s.signal = WTERMSIG(wstatus);
+  }
+  return s;
+}
+
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0) return false;
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // Format: pid (comm) state ...; comm may hold spaces or ')', so find the last ')'.
+  std::string stat(buf, n);
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  char state = stat[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::map<std::string, std::string> CurrentEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr) continue;
+    env.emplace(std::string(*e, eq - *e), std::string(eq + 1));
+  }
+  return env;
+}
+
+std::string SelfExePath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "ballast";
+  buf[n] = '\0';
+  return buf;
+}
+
+absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
+  if (options.argv.empty()) return absl::InvalidArgumentError("Spawn: empty argv");
+  int out_pipe[2] = {-1, -1};
+  int err_pipe[2] = {-1, -1};
+  int exec_err[2] = {-1, -1};  // reports exec failure back to the parent (CLOEXEC)
+  auto close_all = [&] {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_err[0], exec_err[1]})
+      if (fd >= 0) close(fd);
+  };
+  if ((options.pipe_stdout && pipe2(out_pipe, O_CLOEXEC) != 0) ||
+      (options.pipe_stderr && pipe2(err_pipe, O_CLOEXEC) != 0) || pipe2(exec_err, O_CLOEXEC) != 0) {
+    close_all();
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  // Build argv/envp before fork: no allocation in the child.
+  std::vector<char*> argv;
+  for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : options.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    close_all();
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls from here on.
+    if (options.new_process_group) setpgid(0, 0);
+    if (options.die_with_parent) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // parent already gone
+    }
+    // Restore default signal dispositions and an empty mask for the new program.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
+      signal(sig, SIG_DFL);
+    if (options.pipe_stdout) dup2(out_pipe[1], STDOUT_FILENO);
+    else if (!options.stdout_file.empty()) {
+      int fd = open(options.stdout_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) { dup2(fd, STDOUT_FILENO); close(fd); }
+    }
+    if (options.stderr_to_stdout) dup2(STDOUT_FILENO, STDERR_FILENO);
+    else if (options.pipe_stderr) dup2(err_pipe[1], STDERR_FILENO);
+    else if (!options.stderr_file.empty()) {
+      int fd = open(options.stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) { dup2(fd, STDERR_FILENO); close(fd); }
+    }
+    if (!options.cwd.empty() && chdir(options.cwd.c_str()) != 0) {
+      int e = errno;
+      (void)!write(exec_err[1], &e, sizeof(e));
+      _exit(127);
+    }
+    execvpe(argv[0], argv.data(), envp.data());
+    int e = errno;
+    (void)!write(exec_err[1], &e, sizeof(e));
+    _exit(127);
+  }
+  // Parent. Also set the group from this side to close the race where we signal
+  // the group before the child ran setpgid.
+  if (options.new_process_group) setpgid(pid, pid);
+  close(exec_err[1]);
+  exec_err[1] = -1;
+  if (out_pipe[1] >= 0) { close(out_pipe[1]); out_pipe[1] = -1; }
+  if (err_pipe[1] >= 0) { close(err_pipe[1]); err_pipe[1] = -1; }
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = read(exec_err[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  close(exec_err[0]);
+  exec_err[0] = -1;
+  if (n == sizeof(child_errno)) {
+    int ws;
+    waitpid(pid, &ws, 0);
+    if (out_pipe[0] >= 0) close(out_pipe[0]);
+    if (err_pipe[0] >= 0) close(err_pipe[0]);
+    return absl::NotFoundError(absl::StrCat("cannot start '", options.argv[0], "': ",
+                                            std::strerror(child_errno),
+                                            " (check the program name and PATH)"));
+  }
+  Subprocess p;
+  p.pid_ = pid;
+  p.own_group_ = options.new_process_group;
+  p.stdout_fd_ = out_pipe[0];
+  p.stderr_fd_ = err_pipe[0];
+  return p;
+}
+
+Subprocess::Subprocess(Subprocess&& o) noexcept { *this = std::move(o); }
+
+Subprocess& Subprocess::operator=(Subprocess&& o) noexcept {
+  if (this != &o) {
+    if (running()) Terminate(0);
+    ClosePipes();
+    pid_ = o.pid_;
+    own_group_ = o.own_group_;
+    stdout_fd_ = o.stdout_fd_;
+    stderr_fd_ = o.stderr_fd_;
+    status_ = o.status_;
+    o.pid_ = -1;
+    o.stdout_fd_ = o.stderr_fd_ = -1;
+    o.status_.reset();
+  }
+  return *this;
+}
+
+Subprocess::~Subprocess() {
+  if (running()) Terminate(0);
+  ClosePipes();
+}
+
+void Subprocess::ClosePipes() {
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+  if (stderr_fd_ >= 0) close(stderr_fd_);
+  stdout_fd_ = stderr_fd_ = -1;
+}
+
+pid_t Subprocess::Release() {
+  pid_t p = pid_;
+  pid_ = -1;
+  return p;
+}
+
+std::optional<ExitStatus> Subprocess::Poll() {
+  if (status_.has_value() || pid_ <= 0) return status_;
+  int ws = 0;
+  pid_t r = waitpid(pid_, &ws, WNOHANG);
+  if (r == pid_) status_ = DecodeWaitStatus(ws);
+  return status_;
+}
+
+std::optional<ExitStatus> Subprocess::Wait(double timeout_s) {
+  if (status_.has_value() || pid_ <= 0) return status_;
+  if (timeout_s < 0) {
+    int ws = 0;
+    pid_t r;
+    do {
+      r = waitpid(pid_, &ws, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r == pid_) status_ = DecodeWaitStatus(ws);
+    return status_;
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    if (Poll().has_value()) return status_;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void Subprocess::Signal(int sig) {
+  if (pid_ <= 0) return;
+  // Signal the group even after the leader exited: its children may remain.
+  if (own_group_) kill(-pid_, sig);
+  if (!status_.has_value()) kill(pid_, sig);
+}
+
+ExitStatus Subprocess::Terminate(double grace_s) {
+  if (pid_ <= 0) return ExitStatus{};
+  if (status_.has_value()) {
+    if (own_group_) kill(-pid_, SIGKILL);  // leftovers of the group
+    return *status_;
+  }
+  if (grace_s > 0) {
+    Signal(SIGTERM);
+    if (Wait(grace_s).has_value()) {
+      if (own_group_) kill(-pid_, SIGKILL);
+      return *status_;
+    }
+  }
+  Signal(SIGKILL);
+  Wait(-1);
+  return status_.value_or(ExitStatus{});
+}
+
+}  // namespace ballast

@@ -1,0 +1,97 @@
+// Starting, signalling and reaping child processes (workers, agents, test
+// subjects). Plain fork/exec with the options process supervision needs:
+//  - its own process group, so a stop reaches the child's own children too;
+//  - PR_SET_PDEATHSIG, so the child is killed when its parent dies, even by
+//    SIGKILL (the "no orphan" guarantee). Note: the death signal fires when the
+//    *thread* that forked exits, so fork from a thread that lives as long as the
+//    supervisor (Spawn documents this).
+//  - optional pipes for stdout/stderr, read by the caller.
+// Thread safety: the free functions are thread-safe; a Subprocess object is not.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ballast {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;                 // argv[0] is looked up on PATH
+  std::map<std::string, std::string> env;        // the complete environment
+  std::string cwd;                               // empty: inherit
+  bool new_process_group = true;                 // setpgid(0, 0) in the child
+  bool die_with_parent = true;                   // PR_SET_PDEATHSIG(SIGKILL)
+  bool pipe_stdout = false;                      // else inherit
+  bool pipe_stderr = false;                      // else inherit
+  bool stderr_to_stdout = false;                 // dup2(stdout, stderr) after setup
+  std::string stdout_file;                       // if set (and no pipe): append to this file
+  std::string stderr_file;
+};
+
+struct ExitStatus {
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;     // terminating signal, 0 if it exited normally
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  // "exit code 3", "SIGKILL (signal 9)"
+  std::string Describe() const;
+  // Shell-style code: exit_code, or 128 + signal.
+  int ShellCode() const { return signal != 0 ? 128 + signal : exit_code; }
+};
+
+// A started child. Destroying a still-running Subprocess kills its process
+// group with SIGKILL and reaps it (RAII: nothing is left behind).
+class Subprocess {
+ public:
+  static absl::StatusOr<Subprocess> Spawn(const SpawnOptions& options);
+
+  Subprocess() = default;
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&& other) noexcept;
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  int stdout_fd() const { return stdout_fd_; }  // -1 unless piped; owned by this object
+  int stderr_fd() const { return stderr_fd_; }
+  bool running() const { return pid_ > 0 && !status_.has_value(); }
+  const std::optional<ExitStatus>& status() const { return status_; }
+
+  // Non-blocking reap. Returns the exit status once the child has exited.
+  std::optional<ExitStatus> Poll();
+  // Blocking reap, up to timeout_s (< 0: forever).
+  std::optional<ExitStatus> Wait(double timeout_s = -1);
+  // Sends sig to the child's process group (or the child when it has none).
+  void Signal(int sig);
+  // SIGTERM to the group, wait up to grace_s, then SIGKILL and reap.
+  ExitStatus Terminate(double grace_s);
+  // Closes the pipe fds (e.g. after a reader thread drained them).
+  void ClosePipes();
+  // Gives up ownership without killing (the pid stays a child of this process).
+  pid_t Release();
+
+ private:
+  pid_t pid_ = -1;
+  bool own_group_ = false;
+  int stdout_fd_ = -1;
+  int stderr_fd_ = -1;
+  std::optional<ExitStatus> status_;
+};
+
+// Decodes a waitpid status.
+ExitStatus DecodeWaitStatus(int wstatus);
+// "SIGKILL" for 9; "signal 77" for unknown ones.
+std::string SignalName(int sig);
+// True while pid exists and is not a zombie (reads /proc/<pid>/stat).
+bool ProcessAlive(pid_t pid);
+// The current process environment as a map.
+std::map<std::string, std::string> CurrentEnvironment();
+// Absolute path of the running executable (/proc/self/exe).
+std::string SelfExePath();
+
+}  // namespace ballast

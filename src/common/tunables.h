@@ -1,0 +1,48 @@
+// Every tunable (timeouts, thresholds, intervals) in one table, each with a doc
+// comment and an environment override BALLAST_<NAME> (upper case), in the style
+// of Ray's ray_config_def.h. Read once on first use; thread-safe after that.
+//
+//   double t = ballast::Tunables::Get().heartbeat_timeout_s;
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ballast {
+
+// X(type, name, default, doc)
+#define BALLAST_TUNABLES(X)                                                                    \
+  X(double, heartbeat_interval_s, 1.0, "Seconds between an agent's heartbeats to the master.") \
+  X(double, heartbeat_timeout_s, 5.0,                                                          \
+    "A node whose agent sent no heartbeat for this long is dead and leaves the job.")         \
+  X(double, last_call_s, 1.0,                                                                  \
+    "Once at least MIN nodes joined, a round completes this many seconds after the last "      \
+    "join (or at once when MAX nodes joined).")                                                \
+  X(double, wait_for_nodes_s, 300.0,                                                           \
+    "How long a job below MIN nodes waits for replacements before it fails.")                 \
+  X(double, stop_grace_s, 5.0, "Seconds between SIGTERM and SIGKILL when stopping workers.")   \
+  X(double, connect_timeout_s, 30.0,                                                           \
+    "How long an agent tries to reach the master at start before it gives up.")                \
+  X(double, reconnect_timeout_s, 60.0,                                                         \
+    "How long an agent keeps reconnecting to a master it lost before it stops its workers "   \
+    "and exits.")                                                                              \
+  X(double, kv_wait_s, 120.0, "How long an agent waits for the round's MASTER_ADDR/PORT.")     \
+  X(double, finish_linger_s, 3.0,                                                              \
+    "How long a master keeps serving after the job finished, so every agent hears it.")       \
+  X(int, stderr_tail_lines, 20, "Lines of a failed worker's stderr kept for the failure report.") \
+  X(int, max_node_replacements, 3,                                                             \
+    "Local backend: how many dead agents `ballast launch` replaces before it gives up.")
+
+struct Tunables {
+#define BALLAST_TUNABLE_FIELD(type, name, def, doc) type name = def;
+  BALLAST_TUNABLES(BALLAST_TUNABLE_FIELD)
+#undef BALLAST_TUNABLE_FIELD
+
+  // The process-wide values: defaults overridden by BALLAST_<NAME> env vars.
+  static const Tunables& Get();
+  // Defaults overridden by the environment; an unparsable value is reported in
+  // *errors and the default kept.
+  static Tunables FromEnv(std::vector<std::string>* errors);
+};
+
+}  // namespace ballast

@@ -1,0 +1,75 @@
+// The job master: the gRPC service of proto/ballast/v1/master.proto around the
+// job state machine (rendezvous, node table, fault policy, KV store, decision
+// streams). `ballast master`, `ballast launch` and `ballast run --standalone`
+// all run one of these.
+//
+// Ownership: MasterServer owns the gRPC server, the JobMaster state and a ticker
+// thread that evaluates timeouts (heartbeats, last call, waiting for nodes).
+// Thread safety: all public methods are thread-safe.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ballast/v1/master.pb.h"
+#include "common/clock.h"
+
+namespace ballast::master {
+
+struct MasterOptions {
+  std::string bind_host = "0.0.0.0";  // address the gRPC server listens on
+  int port = 0;                       // 0: pick a free port (read it back with port())
+  std::string advertise_host;         // host agents use to reach us; "" = HostName()
+  std::string token;                  // required, non-empty: every RPC must carry it
+  std::string job_id;                 // TORCHELASTIC_RUN_ID; "" = random
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_unit = 1;
+  int max_restarts = 3;
+  // Defaults (negative) come from Tunables (common/tunables.h).
+  double last_call_s = -1;
+  double heartbeat_interval_s = -1;
+  double heartbeat_timeout_s = -1;
+  double wait_for_nodes_s = -1;
+  ClockInterface* clock = nullptr;  // nullptr: SteadyClock
+  // Called (outside the master's lock) when a node dies or leaves, with its id
+  // and the reason. The scheduler seam hooks in here.
+  std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
+};
+
+struct JobResult {
+  bool succeeded = false;
+  std::string message;
+  int restart_count = 0;
+};
+
+class MasterServer {
+ public:
+  // Validates the options (kInvalidArgument with a message that says what to
+  // fix), binds, and starts serving.
+  static absl::StatusOr<std::unique_ptr<MasterServer>> Start(const MasterOptions& options);
+  ~MasterServer();  // Shutdown(0)
+
+  int port() const;
+  std::string address() const;  // advertise_host:port
+  const std::string& token() const;
+  const std::string& job_id() const;
+
+  // Blocks until the job finished or timeout_s passed (< 0: forever).
+  std::optional<JobResult> WaitForFinish(double timeout_s = -1);
+  v1::JobStatus Status() const;
+
+  // Stops serving. Waits up to linger_s for every connected agent to have been
+  // sent the final decision, then shuts the gRPC server down. Idempotent.
+  void Shutdown(double linger_s = 0);
+
+ private:
+  MasterServer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ballast::master
