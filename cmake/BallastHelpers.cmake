@@ -27,8 +27,12 @@ function(ballast_cc_test)
   if(NOT B_TIMEOUT)
     set(B_TIMEOUT 120)
   endif()
+  set(serial FALSE)
+  if("integration" IN_LIST B_LABELS)
+    set(serial TRUE)  # each starts several real training processes
+  endif()
   gtest_discover_tests(${B_NAME}
-    PROPERTIES LABELS "${B_LABELS}" TIMEOUT ${B_TIMEOUT}
+    PROPERTIES LABELS "${B_LABELS}" TIMEOUT ${B_TIMEOUT} RUN_SERIAL ${serial}
     ENVIRONMENT "BALLAST_BIN=${PROJECT_BINARY_DIR}/bin/ballast;BALLAST_SOURCE_DIR=${PROJECT_SOURCE_DIR};BALLAST_PYTHON=/usr/bin/python3"
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -1,0 +1,441 @@
+#include "agent/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+#include "common/subprocess.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// User-facing fatal messages go to stderr directly: they must reach the person
+// at the terminal whatever the logging setup.
+void PrintError(const std::string& msg) { std::fprintf(stderr, "ballast run: %s\n", msg.c_str()); }
+
+bool Retryable(const absl::Status& s) { return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s); }
+
+}  // namespace
+
+std::string DeriveHost(const std::string& local_addr, const std::string& master_host) {
+  if (!local_addr.empty()) return local_addr;
+  if (master_host == "localhost" || absl::StartsWith(master_host, "127.") || master_host == "::1")
+    return "127.0.0.1";
+  return HostName();
+}
+
+std::string MakeNodeId() { return absl::StrCat(HostName(), "-", getpid(), "-", RandomHex(2)); }
+
+std::vector<std::string> WorkerCommand(const RunOptions& o) {
+  std::vector<std::string> argv;
+  if (o.no_python) {
+    argv.push_back(o.training_script);
+  } else {
+    // -u: unbuffered, so a crashing worker's last lines reach the failure report.
+    argv = {o.python, "-u"};
+    if (o.module) argv.push_back("-m");
+    argv.push_back(o.training_script);
+  }
+  argv.insert(argv.end(), o.training_args.begin(), o.training_args.end());
+  return argv;
+}
+
+v1::JobSpec JoinSpec(const RunOptions& o) {
+  v1::JobSpec spec;
+  if (o.nnodes_given) {
+    spec.set_min_nodes(o.min_nodes);
+    spec.set_max_nodes(o.max_nodes);
+  }
+  if (o.max_restarts.has_value()) spec.set_max_restarts(*o.max_restarts);
+  if (o.node_unit > 0) spec.set_node_unit(o.node_unit);
+  if (!o.rdzv_id.empty()) spec.set_run_id(o.rdzv_id);
+  if (o.last_call_s >= 0) spec.set_last_call_s(o.last_call_s);
+  return spec;
+}
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  if (options_.node_id.empty()) options_.node_id = MakeNodeId();
+  if (options_.host.empty()) {
+    auto ep = ParseEndpoint(options_.endpoint, -1);
+    options_.host = DeriveHost(options_.run.local_addr, ep.ok() ? ep->host : "");
+  }
+  WorkerSpec spec;
+  spec.argv = WorkerCommand(options_.run);
+  spec.base_env = CurrentEnvironment();
+  // The token authenticates agents; workers run user code and do not need it.
+  spec.base_env.erase("BALLAST_TOKEN");
+  spec.role = options_.run.role;
+  spec.node_id = options_.node_id;
+  spec.log_dir = options_.run.log_dir;
+  spec.redirects = options_.run.redirects;
+  spec.tee = options_.run.tee;
+  spec.console_stdout_fd = options_.console_stdout_fd;
+  spec.console_stderr_fd = options_.console_stderr_fd;
+  spec.stderr_tail_lines = options_.tunables.stderr_tail_lines;
+  workers_ = std::make_unique<WorkerGroup>(std::move(spec));
+
+  MasterClientOptions copts;
+  copts.endpoint = options_.endpoint;
+  copts.token = options_.token;
+  copts.reconnect_timeout_s = options_.tunables.reconnect_timeout_s;
+  client_ = std::make_unique<MasterClient>(copts);
+}
+
+Agent::~Agent() {
+  if (client_) client_->Shutdown();
+  if (workers_) workers_->Stop(0);
+}
+
+std::string Agent::Fmt() const { return absl::StrCat("node=", options_.node_id, " round=", round_); }
+
+void Agent::Post(Event e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void Agent::PostSignal(int sig) {
+  int n = ++signals_;
+  // A second signal means "now": Stop() watches kill_now_ and SIGKILLs at once.
+  if (n >= 2) kill_now_ = true;
+  // A Join still retrying would hold the main loop for up to the connect
+  // timeout: cancel it (the client is not used any more after a signal).
+  if (joining_.load()) client_->Cancel();
+  Post(SignalEvent{sig});
+}
+
+std::optional<Agent::Event> Agent::PopFor(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return !events_.empty(); });
+  if (events_.empty()) return std::nullopt;
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+bool Agent::SupersedingEventPending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Event& e : events_) {
+    const auto* d = std::get_if<v1::Decision>(&e);
+    if (d == nullptr) return true;  // signal or master lost
+    // A reconnecting watch re-sends the current round: that changes nothing.
+    if (d->has_start_round() && d->start_round().round() <= round_) continue;
+    if (d->has_stop_workers() && d->stop_workers().round() < round_) continue;
+    return true;
+  }
+  return false;
+}
+
+void Agent::PublishState() {
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(options_.node_id);
+  hb.set_round(running_round_ ? round_ : 0);
+  for (const WorkerInfo& w : workers_->Workers()) {
+    auto* ws = hb.add_workers();
+    ws->set_local_rank(w.local_rank);
+    ws->set_global_rank(w.global_rank);
+    ws->set_pid(w.pid);
+    ws->set_state(w.state);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  heartbeat_ = std::move(hb);
+}
+
+int Agent::Run() {
+  const Tunables& t = options_.tunables;
+  v1::JoinRequest join;
+  auto* node = join.mutable_node();
+  node->set_node_id(options_.node_id);
+  node->set_node_rank_hint(options_.run.node_rank);
+  node->set_local_world_size(options_.run.nproc_per_node);
+  node->set_host(options_.host);
+  node->set_pid(getpid());
+  *join.mutable_spec() = JoinSpec(options_.run);
+  PublishState();
+
+  double join_timeout = options_.run.join_timeout_s > 0 ? options_.run.join_timeout_s : t.connect_timeout_s;
+  spdlog::info("joining master {} ({} workers on this node, host {}) node={}", options_.endpoint,
+               options_.run.nproc_per_node, options_.host, options_.node_id);
+  joining_ = true;
+  auto joined = signals_.load() > 0 ? absl::StatusOr<v1::JoinResponse>(absl::CancelledError("signal"))
+                                    : client_->Join(join, join_timeout);
+  joining_ = false;
+  if (!joined.ok()) {
+    const absl::Status& s = joined.status();
+    if (signals_.load() > 0) {
+      auto e = PopFor(0);
+      int sig = e.has_value() && std::holds_alternative<SignalEvent>(*e) ? std::get<SignalEvent>(*e).sig : SIGTERM;
+      return 128 + sig;
+    }
+    if (absl::IsUnauthenticated(s)) {
+      PrintError(absl::StrCat("the ballast master at ", options_.endpoint,
+                              " refused this agent's token: pass the token it printed with --token or BALLAST_TOKEN"));
+    } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+      PrintError(absl::StrCat("cannot reach the ballast master at ", options_.endpoint, " after ",
+                              static_cast<int>(join_timeout),
+                              " s: is `ballast master` running there and the port open? "
+                              "(BALLAST_CONNECT_TIMEOUT_S waits longer)"));
+    } else {
+      PrintError(absl::StrCat("the ballast master at ", options_.endpoint, " refused to join this node: ",
+                              s.message()));
+    }
+    return 1;
+  }
+  spdlog::info("joined job {} at master {} (nodes {}..{}, max restarts {}) node={}", joined->job_id(),
+               options_.endpoint, joined->spec().min_nodes(), joined->spec().max_nodes(),
+               joined->spec().max_restarts(), options_.node_id);
+
+  client_->StartWatch(
+      options_.node_id, [this](const v1::Decision& d) { Post(d); },
+      [this](const absl::Status& s) { Post(MasterLost{s}); });
+  double hb_interval = joined->heartbeat_interval_s() > 0 ? joined->heartbeat_interval_s() : t.heartbeat_interval_s;
+  client_->StartHeartbeat(hb_interval, [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heartbeat_;
+  });
+
+  std::optional<int> exit_code;
+  auto next_poll = Clock::now();
+  const auto poll_every = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.run.monitor_interval_s));
+  while (!exit_code.has_value()) {
+    double wait = std::chrono::duration<double>(next_poll - Clock::now()).count();
+    if (auto e = PopFor(wait); e.has_value()) exit_code = Handle(*e);
+    if (!exit_code.has_value() && Clock::now() >= next_poll) {
+      exit_code = PollWorkers();
+      next_poll = Clock::now() + poll_every;
+    }
+  }
+  StopWorkers("the agent is exiting");
+  client_->Shutdown();
+  return *exit_code;
+}
+
+std::optional<int> Agent::Handle(const Event& e) {
+  if (const auto* d = std::get_if<v1::Decision>(&e)) return HandleDecision(*d);
+  if (const auto* lost = std::get_if<MasterLost>(&e)) {
+    PrintError(absl::StrCat(lost->status.message(), "; stopping this node's workers (", Fmt(), ")"));
+    StopWorkers("the master is lost");
+    return 1;
+  }
+  int sig = std::get<SignalEvent>(e).sig;
+  spdlog::warn("got {}: stopping workers (a second signal kills them at once) {}", SignalName(sig), Fmt());
+  StopWorkers(absl::StrCat("the agent got ", SignalName(sig)));
+  // Best effort: tells the master now instead of after the heartbeat timeout.
+  absl::Status s = client_->Leave(options_.node_id, absl::StrCat("agent got ", SignalName(sig)), 1.0);
+  if (!s.ok()) spdlog::debug("leave: {}", s.ToString());
+  return 128 + sig;
+}
+
+std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
+  switch (d.kind_case()) {
+    case v1::Decision::kStartRound:
+      StartRound(d.start_round());
+      return std::nullopt;
+    case v1::Decision::kWait:
+      if (running_round_) StopWorkers(absl::StrCat("waiting: ", d.wait().reason()));
+      spdlog::info("waiting for a round: {} node={}", d.wait().reason(), options_.node_id);
+      return std::nullopt;
+    case v1::Decision::kStopWorkers:
+      if (d.stop_workers().round() >= round_ && running_round_)
+        StopWorkers(absl::StrCat("the master stops round ", d.stop_workers().round(), ": ",
+                                 d.stop_workers().reason()));
+      return std::nullopt;
+    case v1::Decision::kJobFinished: {
+      const auto& f = d.job_finished();
+      StopWorkers("the job finished");
+      if (f.succeeded()) {
+        spdlog::info("job succeeded {}", Fmt());
+        return 0;
+      }
+      PrintError(absl::StrCat("job failed: ", f.message()));
+      return 1;
+    }
+    case v1::Decision::KIND_NOT_SET:
+      break;
+  }
+  spdlog::warn("ignoring an empty decision from the master {}", Fmt());
+  return std::nullopt;
+}
+
+void Agent::StopWorkers(const std::string& why) {
+  if (!workers_->started()) {
+    running_round_ = false;
+    return;
+  }
+  if (workers_->AnyRunning()) spdlog::info("stopping workers: {} {}", why, Fmt());
+  workers_->Stop(options_.tunables.stop_grace_s, &kill_now_);
+  running_round_ = false;
+  PublishState();
+}
+
+absl::StatusOr<std::pair<std::string, int>> Agent::RoundMasterEndpoint(const v1::StartRound& start) {
+  const std::string key = absl::StrCat("round/", start.round(), "/master_endpoint");
+  if (start.group_rank() == 0) {
+    auto port = PickFreePort("0.0.0.0");
+    if (!port.ok()) return port.status();
+    std::string value = absl::StrCat(options_.host, ":", *port);
+    absl::Status s;
+    auto t0 = Clock::now();
+    do {
+      s = client_->KvSet(key, value);
+      if (s.ok()) return std::make_pair(options_.host, *port);
+      if (!Retryable(s) || SupersedingEventPending()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } while (SecondsSince(t0) < 5.0);
+    return s;
+  }
+  auto t0 = Clock::now();
+  const double wait_s = options_.tunables.kv_wait_s;
+  absl::Status last;
+  while (SecondsSince(t0) < wait_s) {
+    // Wait in short slices so a newer decision or a signal is not held up.
+    if (SupersedingEventPending()) return absl::AbortedError("superseded by a newer event");
+    auto slice_start = Clock::now();
+    auto r = client_->KvGet(key, std::min(1.0, std::max(0.0, wait_s - SecondsSince(t0))));
+    if (r.ok()) {
+      auto ep = ParseEndpoint(*r, -1);
+      if (!ep.ok()) return ep.status();
+      return std::make_pair(ep->host, ep->port);
+    }
+    last = r.status();
+    if (!absl::IsNotFound(last) && !Retryable(last)) return last;
+    if (SecondsSince(slice_start) < 0.1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("group rank 0 did not publish ", key, " within ",
+                                                  static_cast<int>(wait_s), " s (", last.message(), ")"));
+}
+
+void Agent::StartRound(const v1::StartRound& start) {
+  if (start.round() <= round_) {
+    spdlog::debug("ignoring StartRound {}: already at round {} node={}", start.round(), round_, options_.node_id);
+    return;
+  }
+  // Older workers go first: a new round never overlaps the old one.
+  StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_));
+  round_ = start.round();
+  round_failed_reported_ = false;
+  const int nproc = options_.run.nproc_per_node;
+
+  auto report_start_failure = [&](const std::string& cause) {
+    spdlog::error("cannot start the workers of round {}: {} {}", round_, cause, Fmt());
+    v1::FailureReport report;
+    report.set_node_id(options_.node_id);
+    report.set_round(round_);
+    report.set_local_rank(0);
+    report.set_global_rank(start.rank_offset());
+    report.set_exit_code(127);
+    report.set_cause(cause);
+    round_failed_reported_ = true;
+    ReportFailure(report);
+  };
+
+  auto endpoint = RoundMasterEndpoint(start);
+  if (absl::IsAborted(endpoint.status())) {
+    spdlog::info("round {} superseded before its workers started {}", round_, Fmt());
+    return;
+  }
+  if (!endpoint.ok()) {
+    report_start_failure(absl::StrCat("no MASTER_ADDR/MASTER_PORT for the round: ", endpoint.status().message()));
+    return;
+  }
+
+  RoundSpec rs;
+  rs.round = start.round();
+  rs.group_rank = start.group_rank();
+  rs.group_world_size = start.group_world_size();
+  rs.rank_offset = start.rank_offset();
+  rs.world_size = start.world_size();
+  rs.local_world_size = nproc;
+  rs.restart_count = start.restart_count();
+  rs.max_restarts = start.max_restarts();
+  rs.run_id = start.run_id();
+  rs.master_addr = endpoint->first;
+  rs.master_port = endpoint->second;
+  absl::Status s = workers_->Start(rs);
+  if (!s.ok()) {
+    report_start_failure(std::string(s.message()));
+    PublishState();
+    return;
+  }
+  running_round_ = true;
+  PublishState();
+  spdlog::info("round {}: node {} of {}, ranks {}-{} of {}, restart {}/{}, MASTER_ADDR={}:{} {}", round_,
+               start.group_rank(), start.group_world_size(), start.rank_offset(), start.rank_offset() + nproc - 1,
+               start.world_size(), start.restart_count(), start.max_restarts(), rs.master_addr, rs.master_port,
+               Fmt());
+}
+
+void Agent::ReportFailure(const v1::FailureReport& report) {
+  auto t0 = Clock::now();
+  while (true) {
+    absl::Status s = client_->ReportFailure(report);
+    if (s.ok()) return;
+    if (absl::IsAborted(s)) {
+      spdlog::debug("failure report for round {} is stale: {}", report.round(), s.message());
+      return;
+    }
+    // A master briefly unreachable must still hear about the failure, or the
+    // surviving ranks would wait in their collectives; give up after a few
+    // seconds (the heartbeat carries the failed state too).
+    if (!Retryable(s) || SecondsSince(t0) > 5.0 || signals_.load() > 0 || SupersedingEventPending()) {
+      spdlog::warn("could not report the failure of rank {} to the master: {} {}", report.global_rank(),
+                   s.ToString(), Fmt());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+std::optional<int> Agent::PollWorkers() {
+  if (!running_round_) return std::nullopt;
+  std::vector<WorkerEvent> events = workers_->Poll();
+  for (const WorkerEvent& e : events) {
+    if (e.kind == WorkerEvent::Kind::kFailed) {
+      spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}{}{}", e.status.Describe(),
+                    e.pid, options_.node_id, e.global_rank, e.local_rank, e.round,
+                    e.stderr_tail.empty() ? "" : "; last stderr lines:\n", e.stderr_tail);
+      // One report per round: the master restarts the whole round on the first
+      // failure, and the others are usually its consequence.
+      if (round_failed_reported_) continue;
+      round_failed_reported_ = true;
+      v1::FailureReport report;
+      report.set_node_id(options_.node_id);
+      report.set_round(e.round);
+      report.set_local_rank(e.local_rank);
+      report.set_global_rank(e.global_rank);
+      report.set_exit_code(e.status.exit_code);
+      report.set_signal(e.status.signal);
+      report.set_stderr_tail(e.stderr_tail);
+      report.set_cause(e.status.Describe());
+      ReportFailure(report);
+    } else {
+      spdlog::info("all {} workers exited 0; waiting for the other nodes {}", options_.run.nproc_per_node, Fmt());
+      auto t0 = Clock::now();
+      absl::Status s;
+      do {
+        s = client_->ReportWorkersDone(options_.node_id, e.round);
+        if (s.ok() || absl::IsAborted(s) || !Retryable(s)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      } while (SecondsSince(t0) < 5.0 && signals_.load() == 0);
+      if (!s.ok() && !absl::IsAborted(s)) spdlog::warn("could not report workers done: {} {}", s.ToString(), Fmt());
+    }
+  }
+  if (!events.empty()) PublishState();
+  return std::nullopt;
+}
+
+}  // namespace ballast::agent

@@ -1,0 +1,121 @@
+// The per-node agent of `ballast run`: joins the job master, follows its
+// decisions (StartRound, Wait, StopWorkers, JobFinished), supervises the
+// node's workers and reports their failures or success.
+//
+// Ownership: Agent owns its MasterClient, its WorkerGroup and an event queue.
+// The master (embedded or remote) is not owned: RunAgent (run_agent.cc) starts
+// an embedded one when asked and hands the agent its endpoint and token.
+//
+// Threading: Run() is the single owner of all agent state and must be called
+// from a thread that outlives the workers (the process's main thread in
+// `ballast run`): workers die with the thread that forked them
+// (PR_SET_PDEATHSIG). Other threads talk to it only through the event queue:
+// the master client's watch thread posts decisions and "master lost",
+// PostSignal posts signals (thread-safe, callable from a sigwait thread).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "agent/master_client.h"
+#include "agent/run_options.h"
+#include "agent/worker_group.h"
+#include "ballast/v1/master.pb.h"
+#include "common/tunables.h"
+
+namespace ballast::agent {
+
+struct AgentOptions {
+  RunOptions run;
+  std::string endpoint;  // the master, host:port
+  std::string token;
+  std::string node_id;   // "" = "<hostname>-<pid>-<4 hex>"
+  std::string host;      // address others reach this node at; "" = derived from endpoint
+  Tunables tunables = Tunables::Get();
+  // Where forwarded worker output goes (tests redirect it).
+  int console_stdout_fd = 1;
+  int console_stderr_fd = 2;
+};
+
+// "127.0.0.1" for a loopback / localhost master, else local_addr or HostName().
+std::string DeriveHost(const std::string& local_addr, const std::string& master_host);
+// "<hostname>-<pid>-<4 hex>".
+std::string MakeNodeId();
+// The worker command line for the options (python -u script..., -m, --no-python).
+std::vector<std::string> WorkerCommand(const RunOptions& options);
+// The JobSpec a JoinRequest carries: only what was given on the command line.
+v1::JobSpec JoinSpec(const RunOptions& options);
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Runs until the job ends; returns the exit code: 0 job succeeded, 1 job
+  // failed / could not join / master lost, 128+N stopped by signal N.
+  int Run();
+
+  // Thread-safe: asks the agent to stop as if it got signal sig. The first one
+  // stops workers with the grace period; a second one SIGKILLs them at once.
+  void PostSignal(int sig);
+
+  const std::string& node_id() const { return options_.node_id; }
+
+ private:
+  struct MasterLost {
+    absl::Status status;
+  };
+  struct SignalEvent {
+    int sig;
+  };
+  using Event = std::variant<v1::Decision, MasterLost, SignalEvent>;
+
+  void Post(Event e);
+  std::optional<Event> PopFor(double timeout_s);
+  // True when a queued event makes a round start pointless: a signal, a lost
+  // master, or a decision other than a re-sent copy of the current round.
+  bool SupersedingEventPending();
+
+  // Handlers return an exit code when the agent should exit.
+  std::optional<int> Handle(const Event& e);
+  std::optional<int> HandleDecision(const v1::Decision& d);
+  void StartRound(const v1::StartRound& start);
+  std::optional<int> PollWorkers();
+  // Resolves MASTER_ADDR/PORT for the round; kAborted when a pending event
+  // (newer decision, signal) superseded the start while waiting.
+  absl::StatusOr<std::pair<std::string, int>> RoundMasterEndpoint(const v1::StartRound& start);
+  void ReportFailure(const v1::FailureReport& report);
+  void StopWorkers(const std::string& why);
+  void PublishState();
+  std::string Fmt() const;  // "node=<id> round=<n>" log keys
+
+  AgentOptions options_;
+  std::unique_ptr<MasterClient> client_;
+  std::unique_ptr<WorkerGroup> workers_;
+
+  // Main-loop state (Run's thread only).
+  int64_t round_ = 0;          // the newest round this node was started into, 0 = none
+  bool round_failed_reported_ = false;
+  bool running_round_ = false;  // workers of round_ were started and not stopped
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
+  v1::HeartbeatRequest heartbeat_ ABSL_GUARDED_BY(mu_);  // snapshot for the heartbeat thread
+  std::atomic<int> signals_{0};
+  std::atomic<bool> kill_now_{false};
+  std::atomic<bool> joining_{false};  // Run() is in its initial Join
+};
+
+}  // namespace ballast::agent

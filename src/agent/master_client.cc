@@ -1,0 +1,290 @@
+#include "agent/master_client.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+}  // namespace
+
+MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  // gRPC's default reconnect backoff grows to minutes; a restarted master must
+  // be found again within our own 2 s backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  channel_ = grpc::CreateCustomChannel(options_.endpoint, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Master::NewStub(channel_);
+}
+
+MasterClient::~MasterClient() { Shutdown(); }
+
+void MasterClient::ConfigureContext(grpc::ClientContext* ctx, double timeout_s) const {
+  ctx->AddMetadata(kTokenMetadataKey, options_.token);
+  if (timeout_s > 0)
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                          std::chrono::duration<double>(timeout_s)));
+}
+
+MasterClient::CallScope::CallScope(MasterClient* client, grpc::ClientContext* ctx, double timeout_s)
+    : client_(client), ctx_(ctx) {
+  client_->ConfigureContext(ctx, timeout_s);
+  std::lock_guard<std::mutex> lock(client_->mu_);
+  client_->calls_.insert(ctx);
+  // A call that starts after Shutdown fails at once instead of delaying it.
+  if (client_->shutdown_) ctx->TryCancel();
+}
+
+MasterClient::CallScope::~CallScope() {
+  std::lock_guard<std::mutex> lock(client_->mu_);
+  client_->calls_.erase(ctx_);
+}
+
+absl::StatusOr<v1::JoinResponse> MasterClient::JoinOnce(const v1::JoinRequest& request, double timeout_s) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, timeout_s);
+  v1::JoinResponse response;
+  absl::Status s = FromGrpcStatus(stub_->Join(&ctx, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& request, double timeout_s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    join_request_ = request;
+  }
+  auto start = Clock::now();
+  double backoff = options_.backoff_initial_s;
+  absl::Status last;
+  int attempts = 0;
+  while (true) {
+    double remaining = timeout_s - SecondsSince(start);
+    auto r = JoinOnce(request, std::max(0.05, std::min(remaining, options_.rpc_timeout_s)));
+    ++attempts;
+    if (r.ok() || !Retryable(r.status())) return r;
+    last = r.status();
+    if (attempts == 1 || attempts % 10 == 0)
+      spdlog::info("master {} not reachable yet ({}); retrying", options_.endpoint, last.message());
+    remaining = timeout_s - SecondsSince(start);
+    if (remaining <= 0) break;
+    if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");
+    backoff = std::min(backoff * 2, options_.backoff_max_s);
+  }
+  return absl::UnavailableError(absl::StrCat("no answer from ", options_.endpoint, " after ", attempts,
+                                             " attempts: ", last.message()));
+}
+
+absl::Status MasterClient::Leave(const std::string& node_id, const std::string& reason, double timeout_s) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, timeout_s);
+  v1::LeaveRequest req;
+  req.set_node_id(node_id);
+  req.set_reason(reason);
+  v1::Ack ack;
+  return FromGrpcStatus(stub_->Leave(&ctx, req, &ack));
+}
+
+absl::Status MasterClient::Heartbeat(const v1::HeartbeatRequest& request) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, options_.rpc_timeout_s);
+  v1::HeartbeatResponse resp;
+  return FromGrpcStatus(stub_->Heartbeat(&ctx, request, &resp));
+}
+
+absl::Status MasterClient::ReportFailure(const v1::FailureReport& report) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, options_.rpc_timeout_s);
+  v1::Ack ack;
+  return FromGrpcStatus(stub_->ReportFailure(&ctx, report, &ack));
+}
+
+absl::Status MasterClient::ReportWorkersDone(const std::string& node_id, int64_t round) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, options_.rpc_timeout_s);
+  v1::WorkersDoneRequest req;
+  req.set_node_id(node_id);
+  req.set_round(round);
+  v1::Ack ack;
+  return FromGrpcStatus(stub_->ReportWorkersDone(&ctx, req, &ack));
+}
+
+absl::Status MasterClient::KvSet(const std::string& key, const std::string& value) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, options_.rpc_timeout_s);
+  v1::KvSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  v1::Ack ack;
+  return FromGrpcStatus(stub_->KvSet(&ctx, req, &ack));
+}
+
+absl::StatusOr<std::string> MasterClient::KvGet(const std::string& key, double wait_s) {
+  grpc::ClientContext ctx;
+  // The master blocks up to wait_s; our deadline leaves room for its answer.
+  CallScope scope(this, &ctx, wait_s + options_.rpc_timeout_s);
+  v1::KvGetRequest req;
+  req.set_key(key);
+  req.set_wait_ms(static_cast<int64_t>(wait_s * 1000));
+  v1::KvGetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->KvGet(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp.value();
+}
+
+bool MasterClient::SleepUnlessShutdown(double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return shutdown_; });
+  return !shutdown_;
+}
+
+absl::Status MasterClient::Rejoin() {
+  std::optional<v1::JoinRequest> req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req = join_request_;
+  }
+  if (!req.has_value()) return absl::FailedPreconditionError("re-join before the first Join");
+  return JoinOnce(*req, options_.rpc_timeout_s).status();
+}
+
+void MasterClient::ReportLost(const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_ || lost_reported_) return;
+    lost_reported_ = true;
+  }
+  if (on_lost_) on_lost_(status);
+}
+
+void MasterClient::StartWatch(const std::string& node_id, DecisionCallback on_decision, LostCallback on_lost) {
+  on_decision_ = std::move(on_decision);
+  on_lost_ = std::move(on_lost);
+  watch_thread_ = std::thread([this, node_id] { WatchLoop(node_id); });
+}
+
+void MasterClient::WatchLoop(std::string node_id) {
+  // Time the connection was first found broken; reset by every decision read.
+  std::optional<Clock::time_point> broken_since;
+  double backoff = options_.backoff_initial_s;
+  bool need_rejoin = false;
+  while (true) {
+    if (need_rejoin) {
+      absl::Status s = Rejoin();
+      if (!s.ok() && !Retryable(s)) {
+        // The master is up but refuses us (new token, contradicting spec, ...):
+        // waiting will not help.
+        ReportLost(absl::Status(s.code(), absl::StrCat("the master refused this agent's re-join: ", s.message())));
+        return;
+      }
+    }
+    grpc::ClientContext ctx;
+    CallScope scope(this, &ctx, 0);  // the stream lives as long as the agent
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutdown_) return;
+      watch_ctx_ = &ctx;
+    }
+    v1::WatchRequest req;
+    req.set_node_id(node_id);
+    auto reader = stub_->Watch(&ctx, req);
+    v1::Decision decision;
+    while (reader->Read(&decision)) {
+      broken_since.reset();
+      backoff = options_.backoff_initial_s;
+      if (on_decision_) on_decision_(decision);
+    }
+    absl::Status s = FromGrpcStatus(reader->Finish());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutdown_) return;
+    }
+    if (!broken_since.has_value()) {
+      broken_since = Clock::now();
+      spdlog::warn("lost the watch stream to master {} ({}: {}); reconnecting", options_.endpoint,
+                   absl::StatusCodeToString(s.code()), s.message());
+    }
+    if (absl::IsUnauthenticated(s)) {
+      ReportLost(absl::UnauthenticatedError(absl::StrCat("the master refused this agent's token: ", s.message())));
+      return;
+    }
+    double lost_for = SecondsSince(*broken_since);
+    if (lost_for >= options_.reconnect_timeout_s) {
+      ReportLost(absl::UnavailableError(absl::StrCat("lost the ballast master at ", options_.endpoint, " for ",
+                                                     static_cast<int>(lost_for), " s: ", s.message())));
+      return;
+    }
+    if (!SleepUnlessShutdown(std::min(backoff, options_.reconnect_timeout_s - lost_for))) return;
+    backoff = std::min(backoff * 2, options_.backoff_max_s);
+    // The master may have restarted or declared this node dead: join again
+    // (idempotent per node id) before watching.
+    need_rejoin = true;
+  }
+}
+
+void MasterClient::StartHeartbeat(double interval_s, HeartbeatSource source) {
+  heartbeat_source_ = std::move(source);
+  heartbeat_thread_ = std::thread([this, interval_s] { HeartbeatLoop(interval_s); });
+}
+
+void MasterClient::HeartbeatLoop(double interval_s) {
+  std::optional<Clock::time_point> failing_since;
+  while (SleepUnlessShutdown(interval_s)) {
+    absl::Status s = Heartbeat(heartbeat_source_());
+    if (s.ok()) {
+      failing_since.reset();
+      continue;
+    }
+    if (absl::IsNotFound(s)) {
+      // The master forgot us (declared dead, or restarted): join again.
+      spdlog::warn("master {} does not know this node ({}); joining again", options_.endpoint, s.message());
+      s = Rejoin();
+      if (s.ok()) {
+        failing_since.reset();
+        continue;
+      }
+    }
+    if (!failing_since.has_value()) failing_since = Clock::now();
+    spdlog::debug("heartbeat to {} failed: {}", options_.endpoint, s.ToString());
+    if (SecondsSince(*failing_since) >= options_.reconnect_timeout_s) {
+      ReportLost(absl::UnavailableError(absl::StrCat("no heartbeat reached the ballast master at ", options_.endpoint,
+                                                     " for ", static_cast<int>(SecondsSince(*failing_since)),
+                                                     " s: ", s.message())));
+      return;
+    }
+  }
+}
+
+void MasterClient::Cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  }
+  cv_.notify_all();
+}
+
+void MasterClient::Shutdown() {
+  Cancel();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+}  // namespace ballast::agent

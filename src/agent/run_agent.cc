@@ -1,0 +1,167 @@
+// RunAgent: resolves where the master is (a remote `ballast master`, or an
+// embedded one for --standalone and for node rank 0 with --master-addr), turns
+// SIGINT/SIGTERM into agent events, and runs the Agent on the calling thread.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "agent/agent.h"
+#include "agent/run_options.h"
+#include "common/net.h"
+#include "common/tunables.h"
+#include "spdlog/spdlog.h"
+
+#ifdef BALLAST_HAVE_MASTER
+#include "master/master_server.h"
+#endif
+
+namespace ballast::agent {
+namespace {
+
+constexpr int kDefaultMasterPort = 29500;  // torchrun's --master-port default
+
+void PrintError(const std::string& msg) { std::fprintf(stderr, "ballast run: %s\n", msg.c_str()); }
+
+// Blocks SIGINT/SIGTERM in the calling thread (inherited by every thread it
+// creates afterwards, gRPC's included) and turns them into Agent::PostSignal
+// calls on a dedicated sigtimedwait thread. Workers get an empty mask (Spawn
+// resets it), so they still receive the SIGTERM the agent sends them.
+class SignalForwarder {
+ public:
+  SignalForwarder() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~SignalForwarder() {
+    Detach();
+    // Signals that arrived after the agent finished stay pending until the
+    // mask is restored, where they take their default action: the agent was
+    // exiting anyway.
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  void Attach(Agent* agent) {
+    thread_ = std::thread([this, agent] {
+      timespec tick{0, 100 * 1000 * 1000};
+      while (!stop_.load()) {
+        int sig = sigtimedwait(&set_, nullptr, &tick);
+        if (sig > 0) agent->PostSignal(sig);
+      }
+    });
+  }
+  void Detach() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  sigset_t set_;
+  sigset_t old_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+int RunAgent(const RunOptions& options) {
+  SignalForwarder signals;  // before any thread exists
+  const Tunables& tunables = Tunables::Get();
+  AgentOptions ao;
+  ao.run = options;
+  ao.tunables = tunables;
+
+  // Where the master is, and whether this process hosts it.
+  bool embedded = false;
+  bool standalone = false;
+  std::string bind_host;
+  int bind_port = 0;
+  if (!options.rdzv_endpoint.empty() && !options.standalone) {
+    ao.endpoint = options.rdzv_endpoint;
+  } else if (options.standalone || options.max_nodes <= 1) {
+    embedded = standalone = true;
+    bind_host = "127.0.0.1";
+  } else if (!options.master_addr.empty()) {
+    int port = options.master_port > 0 ? options.master_port : kDefaultMasterPort;
+    ao.endpoint = Endpoint{options.master_addr, port}.ToString();
+    if (options.node_rank < 0) {
+      PrintError("--master-addr with --nnodes > 1 needs --node-rank on every node: the node with --node-rank 0 "
+                 "hosts the ballast master");
+      return 1;
+    }
+    if (options.node_rank == 0) {
+      embedded = true;
+      bind_host = "0.0.0.0";
+      bind_port = port;
+    }
+  } else {
+    PrintError("no master for a multi-node job: pass --rdzv-endpoint HOST:PORT of a running `ballast master` "
+               "(or --master-addr/--master-port with --node-rank, or --standalone for one node)");
+    return 1;
+  }
+
+  if (!standalone && options.token.empty()) {
+    PrintError(absl::StrCat("the ballast master at ", ao.endpoint,
+                            " needs the job token: pass --token TOKEN or set BALLAST_TOKEN "
+                            "(`ballast master` prints it when it starts)"));
+    return 1;
+  }
+  ao.token = options.token;
+
+#ifdef BALLAST_HAVE_MASTER
+  std::unique_ptr<master::MasterServer> master;
+  if (embedded) {
+    master::MasterOptions mo;
+    mo.bind_host = bind_host;
+    mo.port = bind_port;
+    mo.advertise_host = standalone ? "127.0.0.1" : options.master_addr;
+    mo.token = standalone ? RandomHex(16) : options.token;
+    mo.job_id = options.rdzv_id;
+    mo.min_nodes = standalone ? 1 : options.min_nodes;
+    mo.max_nodes = standalone ? 1 : options.max_nodes;
+    mo.node_unit = options.node_unit > 0 ? options.node_unit : 1;
+    mo.max_restarts = options.max_restarts.value_or(3);
+    mo.last_call_s = options.last_call_s;
+    auto started = master::MasterServer::Start(mo);
+    if (!started.ok()) {
+      PrintError(absl::StrCat("cannot start the embedded ballast master on ", bind_host, ":", bind_port, ": ",
+                              started.status().message()));
+      return 1;
+    }
+    master = std::move(*started);
+    if (standalone) {
+      ao.endpoint = absl::StrCat("127.0.0.1:", master->port());
+      ao.token = master->token();
+    }
+    spdlog::info("embedded ballast master listening on {}:{} job={}", bind_host, master->port(), master->job_id());
+  }
+#else
+  if (embedded) {
+    PrintError("this build of ballast has no embedded master: start `ballast master` and pass --rdzv-endpoint");
+    return 1;
+  }
+#endif
+
+  int code = 1;
+  {
+    Agent agent(ao);
+    signals.Attach(&agent);
+    code = agent.Run();
+    signals.Detach();
+  }
+#ifdef BALLAST_HAVE_MASTER
+  if (master) {
+    // Other nodes must hear the final decision before the master goes away.
+    master->Shutdown(standalone ? std::min(1.0, tunables.finish_linger_s) : tunables.finish_linger_s);
+  }
+#endif
+  return code;
+}
+
+}  // namespace ballast::agent

@@ -1,0 +1,28 @@
+// Helpers shared by the subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ballast::cli {
+
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+
+// "N" or "MIN:MAX" -> {min, max}; kInvalidArgument naming `flag` otherwise.
+absl::StatusOr<NodeRange> ParseNodeRange(const std::string& text, const std::string& flag);
+
+// Runs app.parse(args) (args without the program name). Returns -1 when the
+// caller should go on, else the exit code (0 for --help, 2 for a usage error,
+// with the message printed).
+int ParseOrExit(CLI::App& app, const std::vector<std::string>& args);
+
+// The token to use: `flag_value`, else $BALLAST_TOKEN, else "".
+std::string TokenFromFlagOrEnv(const std::string& flag_value);
+
+}  // namespace ballast::cli

@@ -1,0 +1,91 @@
+// ballast master: one job master that agents on several hosts join with
+// `ballast run --rdzv-endpoint HOST:PORT --token T ...`.
+#include <signal.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "common/net.h"
+#include "common/tunables.h"
+#include "master/master_server.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::cli {
+namespace {
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }
+
+}  // namespace
+
+int MasterCommand(const Args& args) {
+  CLI::App app{"Run a job master. Agents join it with `ballast run --rdzv-endpoint HOST:PORT`.", "master"};
+  std::string nnodes = "1";
+  master::MasterOptions opts;
+  opts.max_restarts = 3;
+  std::string token;
+  app.add_option("--nnodes", nnodes, "Nodes the job runs on: N or MIN:MAX")->required();
+  app.add_option("--node-unit,--node_unit", opts.node_unit,
+                 "The world's node count is a multiple of this")->check(CLI::PositiveNumber);
+  app.add_option("--max-restarts,--max_restarts", opts.max_restarts,
+                 "Worker-failure restarts before the job fails")->check(CLI::NonNegativeNumber);
+  app.add_option("--host", opts.bind_host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", opts.port, "Port to listen on (0: any free port)")->capture_default_str();
+  app.add_option("--advertise-host", opts.advertise_host, "Host name agents use to reach this master");
+  app.add_option("--token", token, "Job token agents must present (default: $BALLAST_TOKEN, else random)");
+  app.add_option("--job-id,--rdzv-id,--rdzv_id", opts.job_id, "Job id (TORCHELASTIC_RUN_ID); default random");
+  app.add_option("--last-call", opts.last_call_s, "Seconds after the last join before a round at >= MIN completes");
+  app.add_option("--heartbeat-timeout", opts.heartbeat_timeout_s, "Seconds of agent silence before its node is dead");
+  app.add_option("--wait-for-nodes", opts.wait_for_nodes_s, "Seconds a job below MIN nodes waits before failing");
+  if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+
+  auto range = ParseNodeRange(nnodes, "--nnodes");
+  if (!range.ok()) {
+    std::fprintf(stderr, "ballast master: %s\n", std::string(range.status().message()).c_str());
+    return kUsageExit;
+  }
+  opts.min_nodes = range->min;
+  opts.max_nodes = range->max;
+  opts.token = TokenFromFlagOrEnv(token);
+  if (opts.token.empty()) opts.token = RandomHex(16);
+
+  auto server = master::MasterServer::Start(opts);
+  if (!server.ok()) {
+    std::fprintf(stderr, "ballast master: %s\n", std::string(server.status().message()).c_str());
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? kUsageExit : 1;
+  }
+  auto& m = **server;
+  std::printf(
+      "ballast master: job %s listening on %s\n"
+      "  token: %s\n"
+      "  start each node with:\n"
+      "    BALLAST_TOKEN=%s ballast run --rdzv-endpoint %s --nnodes %s --nproc-per-node N train.py\n",
+      m.job_id().c_str(), m.address().c_str(), m.token().c_str(), m.token().c_str(), m.address().c_str(),
+      nnodes.c_str());
+  std::fflush(stdout);
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::optional<master::JobResult> result;
+  while (!result.has_value() && g_signal.load() == 0) result = m.WaitForFinish(0.2);
+  if (!result.has_value()) {
+    int sig = g_signal.load();
+    spdlog::warn("master stopped by {} before the job finished; agents will lose their master", sig);
+    m.Shutdown(0);
+    return 128 + sig;
+  }
+  m.Shutdown(Tunables::Get().finish_linger_s);
+  if (result->succeeded) {
+    std::printf("ballast master: job %s succeeded (%d restarts)\n", m.job_id().c_str(), result->restart_count);
+    return 0;
+  }
+  std::fprintf(stderr, "ballast master: job %s failed: %s\n", m.job_id().c_str(), result->message.c_str());
+  return 1;
+}
+
+}  // namespace ballast::cli

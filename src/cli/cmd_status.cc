@@ -1,0 +1,97 @@
+// ballast status: print a running job's state (job, round, world, nodes,
+// restarts, last failure) from its master.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "ballast/v1/master.grpc.pb.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "common/grpc_util.h"
+#include "common/net.h"
+
+namespace ballast::cli {
+namespace {
+
+void PrintHuman(const v1::JobStatus& s) {
+  std::printf("job %s: %s, round %ld, world %d workers, restarts %d/%d, up %.0f s\n", s.job_id().c_str(),
+              s.state().c_str(), static_cast<long>(s.round()), s.world_size(), s.restart_count(),
+              s.spec().max_restarts(), s.uptime_s());
+  std::printf("nodes %d:%d (unit %d)\n", s.spec().min_nodes(), s.spec().max_nodes(), s.spec().node_unit());
+  if (!s.message().empty()) std::printf("message: %s\n", s.message().c_str());
+  std::printf("  %-28s %-16s %-9s %5s %8s %10s %8s\n", "NODE", "HOST", "STATE", "RANK", "WORKERS", "HEARTBEAT",
+              "STEP");
+  for (const auto& n : s.nodes()) {
+    std::string rank = n.group_rank() >= 0 ? std::to_string(n.group_rank()) : "-";
+    std::string hb = absl::StrFormat("%.1fs ago", n.last_heartbeat_age_s());
+    std::string step = n.last_step() > 0 ? std::to_string(n.last_step()) : "-";
+    std::printf("  %-28s %-16s %-9s %5s %8d %10s %8s\n", n.node_id().c_str(), n.host().c_str(), n.state().c_str(),
+                rank.c_str(), n.local_world_size(), hb.c_str(), step.c_str());
+  }
+  if (!s.last_failure().node_id().empty()) {
+    const auto& f = s.last_failure();
+    std::printf("last failure: node %s (%s), rank %d (local %d), %s, round %ld\n", f.node_id().c_str(),
+                f.host().c_str(), f.global_rank(), f.local_rank(), f.cause().c_str(), static_cast<long>(f.round()));
+    if (!f.stderr_tail().empty()) std::printf("  stderr tail:\n%s\n", f.stderr_tail().c_str());
+  } else {
+    std::printf("last failure: none\n");
+  }
+}
+
+}  // namespace
+
+int StatusCommand(const Args& args) {
+  CLI::App app{"Print the state of a running job from its master.", "status"};
+  std::string master_addr, token;
+  bool json = false;
+  double timeout_s = 5;
+  app.add_option("--master,--rdzv-endpoint", master_addr, "The master's HOST:PORT")->required();
+  app.add_option("--token", token, "The job token (default: $BALLAST_TOKEN)");
+  app.add_flag("--json", json, "Print the status as JSON");
+  app.add_option("--timeout", timeout_s, "Seconds to wait for the master")->capture_default_str();
+  if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+  auto ep = ParseEndpoint(master_addr);
+  if (!ep.ok()) {
+    std::fprintf(stderr, "ballast status: %s\n", std::string(ep.status().message()).c_str());
+    return kUsageExit;
+  }
+  auto channel = grpc::CreateChannel(ep->ToString(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Master::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, TokenFromFlagOrEnv(token));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  ctx.set_wait_for_ready(true);
+  v1::JobStatus status;
+  grpc::Status st = stub->GetStatus(&ctx, v1::StatusRequest(), &status);
+  if (!st.ok()) {
+    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      std::fprintf(stderr, "ballast status: the master at %s refused the token: pass the job's token with --token or BALLAST_TOKEN\n",
+                   ep->ToString().c_str());
+    } else if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+               st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      std::fprintf(stderr, "ballast status: no ballast master answered at %s within %.0f s: check the address and that the job is running\n",
+                   ep->ToString().c_str(), timeout_s);
+    } else {
+      std::fprintf(stderr, "ballast status: %s\n", st.error_message().c_str());
+    }
+    return 1;
+  }
+  if (json) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions jopts;
+    jopts.add_whitespace = true;
+    jopts.always_print_primitive_fields = true;
+    jopts.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(status, &out, jopts);
+    std::fputs(out.c_str(), stdout);
+  } else {
+    PrintHuman(status);
+  }
+  return 0;
+}
+
+}  // namespace ballast::cli

@@ -1,0 +1,20 @@
+// The `ballast` binary's subcommands, one file each. Each takes the arguments
+// after its name and returns the process exit code (2 for usage errors).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ballast::cli {
+
+using Args = std::vector<std::string>;
+
+int RunCommand(const Args& args);     // ballast run: the agent (torchrun drop-in)
+int MasterCommand(const Args& args);  // ballast master: a job master for hand-started agents
+int LaunchCommand(const Args& args);  // ballast launch: master + N local agents
+int StatusCommand(const Args& args);  // ballast status: print a job's state
+
+// Exit code for bad command lines (as torchrun and most CLIs use).
+inline constexpr int kUsageExit = 2;
+
+}  // namespace ballast::cli

@@ -1,0 +1,49 @@
+// The one `ballast` binary. Dispatches to a subcommand; configures logging once.
+#include <cstdio>
+#include <string>
+
+#include "cli/commands.h"
+#include "common/logging.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: ballast <command> [options]\n"
+    "\n"
+    "Keeps distributed PyTorch training running through failures.\n"
+    "\n"
+    "commands:\n"
+    "  run      run this node's workers (a drop-in for torchrun)\n"
+    "  master   run a job master that agents on several hosts join\n"
+    "  launch   run a whole job on this machine: a master and N agents (local backend)\n"
+    "  status   print the state of a running job\n"
+    "\n"
+    "`ballast <command> --help` describes each command's options.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return ballast::cli::kUsageExit;
+  }
+  std::string cmd = argv[1];
+  ballast::cli::Args args(argv + 2, argv + argc);
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::puts("ballast " BALLAST_VERSION);
+    return 0;
+  }
+  if (cmd == "run" || cmd == "master" || cmd == "launch" || cmd == "status") {
+    ballast::SetupLogging(cmd == "run" ? "agent" : cmd);
+  }
+  if (cmd == "run") return ballast::cli::RunCommand(args);
+  if (cmd == "master") return ballast::cli::MasterCommand(args);
+  if (cmd == "launch") return ballast::cli::LaunchCommand(args);
+  if (cmd == "status") return ballast::cli::StatusCommand(args);
+  std::fprintf(stderr, "ballast: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  return ballast::cli::kUsageExit;
+}

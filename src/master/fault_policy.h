@@ -1,0 +1,60 @@
+// FaultPolicy: what the job master does when a worker fails. It restarts the
+// round in place while restarts remain (restart_count < max_restarts) and
+// fails the job after that, and it writes the failure message users read.
+//
+// Only the first failure report of a round drives a decision: when one rank
+// dies, the collective breaks and the other ranks die too, and those later
+// reports say nothing new. They get kIgnore.
+//
+// Membership changes (scale up/down) are not failures and never reach here,
+// so they do not use up restarts.
+//
+// Ownership: plain value type. Thread safety: none; the owner (JobMaster)
+// serializes access.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ballast/v1/master.pb.h"
+
+namespace ballast::master {
+
+enum class FailureAction {
+  kIgnore,    // a later report for a round that already had its decision
+  kRestart,   // restart the round in place (new round, restart_count + 1)
+  kFailJob,   // max_restarts used up: the job fails with `message`
+};
+
+struct FailureVerdict {
+  FailureAction action = FailureAction::kIgnore;
+  std::string message;  // for kFailJob the job's failure message; else a log line
+};
+
+class FaultPolicy {
+ public:
+  explicit FaultPolicy(int max_restarts) : max_restarts_(max_restarts) {}
+
+  // Decides on `report` (already checked to be for the current round).
+  // `host` is the failed node's host, `restarts_used` the job's restart count.
+  FailureVerdict OnFailure(const v1::FailureReport& report, const std::string& host,
+                           int restarts_used);
+
+  int max_restarts() const { return max_restarts_; }
+
+  // "exit code 1" or "killed by SIGKILL", plus the agent's own classification
+  // when it adds something (e.g. "hang").
+  static std::string DescribeCause(const v1::FailureReport& report);
+  // "worker rank 3 (local rank 1) on node n1 (host h1) failed in round 2: exit code 1"
+  static std::string DescribeWorker(const v1::FailureReport& report, const std::string& host);
+  // The job's failure message: who failed, why, the restarts used and, last,
+  // the tail of the worker's stderr.
+  static std::string JobFailureMessage(const v1::FailureReport& report, const std::string& host,
+                                       int restarts_used, int max_restarts);
+
+ private:
+  int max_restarts_;
+  int64_t decided_round_ = -1;  // the last round a report decided on
+};
+
+}  // namespace ballast::master

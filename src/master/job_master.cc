@@ -1,0 +1,785 @@
+#include "master/job_master.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::master {
+namespace {
+
+v1::JobSpec MakeSpec(const JobMasterOptions& o) {
+  v1::JobSpec spec;
+  spec.set_min_nodes(o.min_nodes);
+  spec.set_max_nodes(o.max_nodes);
+  spec.set_node_unit(o.node_unit);
+  spec.set_max_restarts(o.max_restarts);
+  spec.set_run_id(o.job_id);
+  spec.set_last_call_s(o.last_call_s);
+  spec.set_wait_for_nodes_s(o.wait_for_nodes_s);
+  return spec;
+}
+
+RendezvousConfig MakeRendezvousConfig(const JobMasterOptions& o) {
+  return RendezvousConfig{o.min_nodes, o.max_nodes, o.node_unit, o.last_call_s};
+}
+
+std::string DescribeDecision(const v1::Decision& d) {
+  switch (d.kind_case()) {
+    case v1::Decision::kStartRound: {
+      const auto& s = d.start_round();
+      return absl::StrCat("start_round group_rank=", s.group_rank(), "/", s.group_world_size(),
+                          " rank_offset=", s.rank_offset(), " world_size=", s.world_size(),
+                          " restart_count=", s.restart_count());
+    }
+    case v1::Decision::kWait:
+      return absl::StrCat("wait reason=\"", d.wait().reason(), "\"");
+    case v1::Decision::kStopWorkers:
+      return absl::StrCat("stop_workers reason=\"", d.stop_workers().reason(), "\"");
+    case v1::Decision::kJobFinished:
+      return absl::StrCat("job_finished succeeded=", d.job_finished().succeeded());
+    case v1::Decision::KIND_NOT_SET:
+      break;
+  }
+  return "empty";
+}
+
+// "2:4", or "2" when MIN == MAX would be ambiguous to some readers; keep the
+// explicit form so it matches what the user typed most often.
+std::string Nnodes(int min_nodes, int max_nodes) { return absl::StrCat(min_nodes, ":", max_nodes); }
+
+}  // namespace
+
+absl::Status ValidateJobMasterOptions(const JobMasterOptions& o) {
+  if (o.clock == nullptr) return absl::InvalidArgumentError("JobMaster needs a clock");
+  if (o.job_id.empty()) {
+    return absl::InvalidArgumentError("the job id (--rdzv-id / run id) must not be empty");
+  }
+  if (o.min_nodes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes MIN must be at least 1, got ", o.min_nodes));
+  }
+  if (o.max_nodes < o.min_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("--nnodes MIN:MAX needs MIN <= MAX, got ",
+                                                   Nnodes(o.min_nodes, o.max_nodes)));
+  }
+  if (o.node_unit < 1 || o.node_unit > o.max_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("--node-unit must be between 1 and MAX nodes (",
+                                                   o.max_nodes, "), got ", o.node_unit));
+  }
+  int largest = o.max_nodes - o.max_nodes % o.node_unit;
+  if (largest < o.min_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes ", Nnodes(o.min_nodes, o.max_nodes), " with --node-unit ", o.node_unit,
+        " can never form a world: the largest multiple of ", o.node_unit, " up to ", o.max_nodes,
+        " is ", largest, ", below MIN; lower MIN or the node unit, or raise MAX"));
+  }
+  if (o.max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-restarts must be >= 0, got ", o.max_restarts));
+  }
+  if (!(o.heartbeat_interval_s > 0) || !(o.heartbeat_timeout_s > o.heartbeat_interval_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat timings need 0 < interval < timeout, got interval ", o.heartbeat_interval_s,
+        " s and timeout ", o.heartbeat_timeout_s,
+        " s (BALLAST_HEARTBEAT_INTERVAL_S / BALLAST_HEARTBEAT_TIMEOUT_S)"));
+  }
+  if (!(o.last_call_s >= 0) || !(o.wait_for_nodes_s >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("last call (", o.last_call_s, " s) and wait for nodes (", o.wait_for_nodes_s,
+                     " s) must be >= 0 (BALLAST_LAST_CALL_S / BALLAST_WAIT_FOR_NODES_S)"));
+  }
+  return absl::OkStatus();
+}
+
+const char* JobMaster::JobStateName(JobState s) {
+  switch (s) {
+    case JobState::kRendezvous:
+      return "rendezvous";
+    case JobState::kRunning:
+      return "running";
+    case JobState::kSucceeded:
+      return "succeeded";
+    case JobState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+JobMaster::JobMaster(JobMasterOptions options)
+    : options_(std::move(options)),
+      spec_(MakeSpec(options_)),
+      clock_(options_.clock),
+      start_time_(clock_->Now()),
+      rdzv_(MakeRendezvousConfig(options_)),
+      nodes_(clock_, options_.heartbeat_timeout_s),
+      policy_(options_.max_restarts) {
+  message_ = absl::StrCat("waiting for nodes (--nnodes ", NnodesText(), ")");
+}
+
+JobMaster::~JobMaster() { Shutdown(); }
+
+std::string JobMaster::NnodesText() const {
+  return Nnodes(options_.min_nodes, options_.max_nodes);
+}
+
+// ---------------------------------------------------------------------------
+// Validation helpers.
+
+absl::Status JobMaster::CheckSpec(const v1::JobSpec& given) const {
+  std::vector<std::string> diffs;
+  if ((given.min_nodes() != 0 && given.min_nodes() != spec_.min_nodes()) ||
+      (given.max_nodes() != 0 && given.max_nodes() != spec_.max_nodes())) {
+    int gmin = given.min_nodes() != 0 ? given.min_nodes() : spec_.min_nodes();
+    int gmax = given.max_nodes() != 0 ? given.max_nodes() : spec_.max_nodes();
+    diffs.push_back(absl::StrCat("this agent was started with --nnodes ", Nnodes(gmin, gmax),
+                                 " but the job master runs --nnodes ", NnodesText(),
+                                 "; start the agent with the same --nnodes or without it"));
+  }
+  if (given.node_unit() != 0 && given.node_unit() != spec_.node_unit()) {
+    diffs.push_back(absl::StrCat("this agent was started with --node-unit ", given.node_unit(),
+                                 " but the job master runs --node-unit ", spec_.node_unit(),
+                                 "; start the agent with the same --node-unit or without it"));
+  }
+  if (given.has_max_restarts() && given.max_restarts() != spec_.max_restarts()) {
+    diffs.push_back(absl::StrCat("this agent was started with --max-restarts ",
+                                 given.max_restarts(), " but the job master runs --max-restarts ",
+                                 spec_.max_restarts(),
+                                 "; start the agent with the same --max-restarts or without it"));
+  }
+  if (!given.run_id().empty() && given.run_id() != spec_.run_id()) {
+    diffs.push_back(absl::StrCat("this agent was started with --rdzv-id ", given.run_id(),
+                                 " but the job master runs --rdzv-id ", spec_.run_id(),
+                                 "; start the agent with the same --rdzv-id or without it"));
+  }
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrJoin(diffs, "; also "));
+}
+
+absl::Status JobMaster::CheckRound(const char* what, int64_t round) const {
+  if (round < round_) {
+    return absl::AbortedError(absl::StrCat("stale round ", round, " (current is ", round_, ")"));
+  }
+  if (round > round_) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " names round ", round,
+                                                      ", which has not started (current is ",
+                                                      round_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+bool JobMaster::IsMember(const std::string& node_id) const {
+  return world_.Find(node_id) != nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// Decisions.
+
+void JobMaster::Push(const std::string& node_id, v1::Decision d) {
+  auto it = outboxes_.find(node_id);
+  if (it == outboxes_.end()) return;
+  Outbox& ob = *it->second;
+  spdlog::info("job={} node={} round={} decision={}", options_.job_id, node_id, round_,
+               DescribeDecision(d));
+  // StopWorkers is a transition, not a state: a reconnecting agent needs the
+  // Wait or StartRound that follows it, not the stop itself.
+  if (!d.has_stop_workers()) ob.current = d;
+  // Without an open stream there is nothing to queue: OpenWatch starts the
+  // next stream from `current`.
+  if (ob.watcher_active) {
+    ob.queue.push_back(std::move(d));
+    ob.cv.SignalAll();
+  }
+}
+
+void JobMaster::PushWait(const std::string& node_id, const std::string& reason) {
+  v1::Decision d;
+  d.mutable_wait()->set_reason(reason);
+  Push(node_id, std::move(d));
+}
+
+std::string JobMaster::SurplusReason() const {
+  return absl::StrCat("surplus node: the world is ", world_.num_nodes(), " nodes (--nnodes ",
+                      NnodesText(), ", node unit ", options_.node_unit,
+                      "); this node waits for the next round");
+}
+
+std::string JobMaster::RendezvousWaitReason(double now) const {
+  std::string reason =
+      absl::StrCat("waiting for nodes: ", rdzv_.size(), " joined (--nnodes ", NnodesText(),
+                   ", node unit ", options_.node_unit, ")");
+  if (auto s = rdzv_.SecondsUntilReady(now); s.has_value()) {
+    absl::StrAppend(&reason, "; the round starts in ", absl::SixDigits(*s),
+                    " s unless more nodes join");
+  }
+  return reason;
+}
+
+void JobMaster::StartRound(const World& world, bool is_restart, const std::string& why) {
+  ++round_;
+  if (is_restart) ++restart_count_;
+  state_ = JobState::kRunning;
+  below_min_since_.reset();
+  below_min_context_.clear();
+  done_.clear();
+  world_ = world;
+  message_ = absl::StrCat("round ", round_, ": ", why);
+  spdlog::info("job={} round={} starts: {} nodes, world_size {}, restart_count {} ({})",
+               options_.job_id, round_, world.num_nodes(), world.world_size, restart_count_, why);
+  for (auto& [id, rec] : nodes_.mutable_alive()) {
+    rec.state = NodeState::kWaiting;
+    rec.group_rank = -1;
+  }
+  for (const auto& m : world.members) {
+    if (NodeRecord* rec = nodes_.Find(m.node_id); rec != nullptr) {
+      rec->state = NodeState::kTraining;
+      rec->group_rank = m.group_rank;
+    }
+  }
+  for (const auto& m : world.members) {
+    v1::Decision d;
+    v1::StartRound* s = d.mutable_start_round();
+    s->set_round(round_);
+    s->set_group_rank(m.group_rank);
+    s->set_group_world_size(world.num_nodes());
+    s->set_rank_offset(m.rank_offset);
+    s->set_world_size(world.world_size);
+    s->set_restart_count(restart_count_);
+    s->set_max_restarts(options_.max_restarts);
+    s->set_run_id(options_.job_id);
+    for (const auto& other : world.members) {
+      v1::RoundMember* rm = s->add_members();
+      rm->set_node_id(other.node_id);
+      rm->set_group_rank(other.group_rank);
+      rm->set_local_world_size(other.local_world_size);
+      rm->set_rank_offset(other.rank_offset);
+      rm->set_host(other.host);
+    }
+    Push(m.node_id, std::move(d));
+  }
+  for (const auto& id : world.surplus) PushWait(id, SurplusReason());
+}
+
+void JobMaster::Evaluate(double now) {
+  if (finished() || shutdown_) return;
+  if (state_ == JobState::kRendezvous) {
+    if (rdzv_.Ready(now)) {
+      std::optional<World> world = rdzv_.Form();
+      if (world.has_value()) {
+        StartRound(*world, /*is_restart=*/false,
+                   round_ == 0 ? "rendezvous complete" : "rendezvous complete after node loss");
+      }
+      return;
+    }
+    if (below_min_since_.has_value() && now - *below_min_since_ >= options_.wait_for_nodes_s &&
+        rdzv_.UsableNodes() == 0) {
+      Finish(false, absl::StrCat("job failed: it needs at least ", options_.min_nodes,
+                                 " nodes but has ", rdzv_.size(), " ", below_min_context_,
+                                 "; waited ", absl::SixDigits(options_.wait_for_nodes_s),
+                                 " s for replacements (lower --nnodes MIN or start more agents)"));
+    }
+    return;
+  }
+  // Running: scale up once late joiners make a bigger valid world. Not once a
+  // member finished: restarting the round would redo finished training.
+  if (done_.empty() && rdzv_.UsableNodes() > world_.num_nodes() && rdzv_.Ready(now)) {
+    std::optional<World> world = rdzv_.Form();
+    if (world.has_value()) {
+      StartRound(*world, /*is_restart=*/false,
+                 absl::StrCat("scale up from ", world_.num_nodes(), " to ", world->num_nodes(),
+                              " nodes"));
+    }
+  }
+}
+
+void JobMaster::EnterBelowMin(const std::string& context, double now) {
+  std::string reason = absl::StrCat("too few nodes ", context, ": ", rdzv_.size(),
+                                    " left, the job needs ", options_.min_nodes);
+  spdlog::warn("job={} round={} {}; stopping workers and waiting up to {} s for nodes",
+               options_.job_id, round_, reason, options_.wait_for_nodes_s);
+  for (const auto& m : world_.members) {
+    if (!nodes_.IsAlive(m.node_id)) continue;
+    v1::Decision d;
+    d.mutable_stop_workers()->set_round(round_);
+    d.mutable_stop_workers()->set_reason(reason);
+    Push(m.node_id, std::move(d));
+  }
+  state_ = JobState::kRendezvous;
+  below_min_since_ = now;
+  below_min_context_ = context;
+  world_ = World{};
+  done_.clear();
+  message_ = reason;
+  for (auto& [id, rec] : nodes_.mutable_alive()) {
+    rec.state = NodeState::kWaiting;
+    rec.group_rank = -1;
+    PushWait(id, absl::StrCat(reason, "; ", RendezvousWaitReason(now)));
+  }
+}
+
+void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
+                          const std::string& reason, double now, LostList* lost) {
+  std::vector<std::string> gone;
+  bool lost_active_member = false;
+  for (const auto& id : ids) {
+    if (!nodes_.IsAlive(id)) continue;
+    bool member = state_ == JobState::kRunning && IsMember(id);
+    // A member whose workers already finished does not break the round: the
+    // others finish without it.
+    if (member && done_.count(id) == 0) lost_active_member = true;
+    nodes_.Remove(id, how, reason);
+    rdzv_.Remove(id);
+    if (auto it = outboxes_.find(id); it != outboxes_.end()) {
+      it->second->closed = true;
+      it->second->closed_reason = reason;
+      it->second->cv.SignalAll();
+      outboxes_.erase(it);
+    }
+    spdlog::warn("job={} node={} round={} lost: {}{}", options_.job_id, id, round_, reason,
+                 member ? " (a member of the round)" : "");
+    gone.push_back(id);
+  }
+  if (gone.empty() || finished()) return;
+  for (const auto& id : gone) lost->emplace_back(id, reason);
+  if (!lost_active_member) {
+    MaybeSucceed();
+    return;
+  }
+  std::string context =
+      gone.size() == 1
+          ? absl::StrCat("after node ", gone[0], " was lost (", reason, ")")
+          : absl::StrCat("after nodes ", absl::StrJoin(gone, ", "), " were lost (", reason, ")");
+  // Recovery speed matters: no last call when the rest still makes a world.
+  // The membership change does not use up a restart.
+  if (std::optional<World> world = rdzv_.Form(); world.has_value()) {
+    StartRound(*world, /*is_restart=*/false,
+               absl::StrCat("scale down to ", world->num_nodes(), " nodes ", context));
+    return;
+  }
+  EnterBelowMin(context, now);
+}
+
+void JobMaster::MaybeSucceed() {
+  if (state_ != JobState::kRunning || world_.members.empty()) return;
+  for (const auto& m : world_.members) {
+    if (done_.count(m.node_id) == 0) return;
+  }
+  Finish(true, absl::StrCat("job succeeded: all ", world_.world_size, " workers on ",
+                            world_.num_nodes(), " nodes of round ", round_, " exited 0"));
+}
+
+void JobMaster::Finish(bool succeeded, const std::string& message) {
+  state_ = succeeded ? JobState::kSucceeded : JobState::kFailed;
+  message_ = message;
+  outcome_ = JobOutcome{succeeded, message, restart_count_};
+  if (succeeded) {
+    spdlog::info("job={} round={} {}", options_.job_id, round_, message);
+  } else {
+    spdlog::error("job={} round={} {}", options_.job_id, round_, message);
+  }
+  for (auto& [id, rec] : nodes_.mutable_alive()) {
+    v1::Decision d;
+    d.mutable_job_finished()->set_succeeded(succeeded);
+    d.mutable_job_finished()->set_message(message);
+    Push(id, std::move(d));
+  }
+  finished_cv_.SignalAll();
+}
+
+void JobMaster::NotifyLost(const LostList& lost) {
+  if (!options_.on_node_lost) return;
+  for (const auto& [id, reason] : lost) options_.on_node_lost(id, reason);
+}
+
+// ---------------------------------------------------------------------------
+// RPCs.
+
+absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request) {
+  const v1::NodeInfo& n = request.node();
+  if (n.node_id().empty()) {
+    spdlog::warn("job={} join refused: no node_id", options_.job_id);
+    return absl::InvalidArgumentError("join without a node_id: the agent must send its node id");
+  }
+  if (n.local_world_size() < 1) {
+    spdlog::warn("job={} node={} join refused: local_world_size {}", options_.job_id,
+                 n.node_id(), n.local_world_size());
+    return absl::InvalidArgumentError(
+        absl::StrCat("node ", n.node_id(), " asked to run ", n.local_world_size(),
+                     " workers: --nproc-per-node must be at least 1"));
+  }
+  if (absl::Status s = CheckSpec(request.spec()); !s.ok()) {
+    spdlog::warn("job={} node={} join refused: {}", options_.job_id, n.node_id(), s.message());
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  if (finished()) {
+    spdlog::warn("job={} node={} join refused: job already finished", options_.job_id,
+                 n.node_id());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job already finished (", JobStateName(state_), "): ", message_));
+  }
+  if (shutdown_) return absl::UnavailableError("the job master is shutting down");
+  if (const NodeRecord* rec = nodes_.Find(n.node_id());
+      rec != nullptr && IsMember(n.node_id()) &&
+      rec->spec.local_world_size != n.local_world_size()) {
+    spdlog::warn("job={} node={} join refused: local_world_size changed {} -> {}",
+                 options_.job_id, n.node_id(), rec->spec.local_world_size, n.local_world_size());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", n.node_id(), " is in round ", round_, " with ", rec->spec.local_world_size,
+        " workers and cannot re-join with ", n.local_world_size(),
+        "; use a new node id (restart the agent)"));
+  }
+  double now = clock_->Now();
+  NodeSpec spec{n.node_id(), n.node_rank_hint() >= 0 ? n.node_rank_hint() : -1,
+                n.local_world_size(), n.host()};
+  bool added = false;
+  nodes_.Upsert(spec, n.pid(), &added);
+  rdzv_.Join(spec, now);
+  if (!added) {
+    // A reconnecting agent: it keeps its place (and its round, if it has one);
+    // its next Watch delivers its current decision.
+    spdlog::info("job={} node={} round={} re-joined (host {})", options_.job_id, n.node_id(),
+                 round_, n.host());
+  } else {
+    outboxes_[n.node_id()] = std::make_shared<Outbox>();
+    spdlog::info("job={} node={} round={} joined: host {} pid {} local_world_size {} "
+                 "rank_hint {} ({} nodes alive)",
+                 options_.job_id, n.node_id(), round_, n.host(), n.pid(), n.local_world_size(),
+                 spec.node_rank_hint, rdzv_.size());
+    if (state_ == JobState::kRendezvous) {
+      PushWait(n.node_id(), RendezvousWaitReason(now));
+    } else if (done_.empty() && rdzv_.UsableNodes() > world_.num_nodes()) {
+      PushWait(n.node_id(),
+               absl::StrCat("joining: a new round with ", rdzv_.UsableNodes(),
+                            " nodes starts after the last call (",
+                            absl::SixDigits(options_.last_call_s), " s) unless more nodes join"));
+    } else {
+      PushWait(n.node_id(), SurplusReason());
+    }
+    Evaluate(now);
+  }
+  v1::JoinResponse resp;
+  *resp.mutable_spec() = spec_;
+  resp.set_heartbeat_interval_s(options_.heartbeat_interval_s);
+  resp.set_heartbeat_timeout_s(options_.heartbeat_timeout_s);
+  resp.set_job_id(options_.job_id);
+  return resp;
+}
+
+absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
+  LostList lost;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!nodes_.IsAlive(request.node_id())) return absl::OkStatus();  // idempotent
+    std::string reason =
+        request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason());
+    LoseNodes({request.node_id()}, NodeState::kLeft, reason, clock_->Now(), &lost);
+  }
+  NotifyLost(lost);
+  return absl::OkStatus();
+}
+
+absl::Status JobMaster::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = nodes_.Heartbeat(request.node_id());
+  if (!s.ok()) {
+    spdlog::warn("job={} node={} heartbeat refused: {}", options_.job_id, request.node_id(),
+                 s.message());
+  }
+  return s;
+}
+
+absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
+  absl::MutexLock lock(&mu_);
+  const NodeRecord* rec = nodes_.Find(report.node_id());
+  if (rec == nullptr) {
+    spdlog::warn("job={} node={} failure report refused: unknown node", options_.job_id,
+                 report.node_id());
+    return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
+  }
+  std::string host = rec->spec.host;
+  if (absl::Status s = CheckRound("failure report", report.round()); !s.ok()) {
+    spdlog::warn("job={} node={} round={} failure report refused: {} ({})", options_.job_id,
+                 report.node_id(), report.round(), s.message(),
+                 FaultPolicy::DescribeWorker(report, host));
+    return s;
+  }
+  if (finished() || state_ != JobState::kRunning) {
+    spdlog::info("job={} node={} round={} failure report ignored (job {}): {}", options_.job_id,
+                 report.node_id(), report.round(), JobStateName(state_),
+                 FaultPolicy::DescribeWorker(report, host));
+    return absl::OkStatus();
+  }
+  if (!IsMember(report.node_id())) {
+    spdlog::warn("job={} node={} round={} failure report refused: not a member",
+                 options_.job_id, report.node_id(), report.round());
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", report.node_id(), " is not a member of round ", round_));
+  }
+  FailureVerdict verdict = policy_.OnFailure(report, host, restart_count_);
+  if (verdict.action == FailureAction::kIgnore) {
+    spdlog::info("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
+                 verdict.message);
+    return absl::OkStatus();
+  }
+  last_failure_.Clear();
+  last_failure_.set_node_id(report.node_id());
+  last_failure_.set_round(report.round());
+  last_failure_.set_global_rank(report.global_rank());
+  last_failure_.set_local_rank(report.local_rank());
+  last_failure_.set_exit_code(report.exit_code());
+  last_failure_.set_signal(report.signal());
+  last_failure_.set_cause(FaultPolicy::DescribeCause(report));
+  last_failure_.set_stderr_tail(report.stderr_tail());
+  last_failure_.set_host(host);
+  if (verdict.action == FailureAction::kFailJob) {
+    Finish(false, verdict.message);
+    return absl::OkStatus();
+  }
+  spdlog::warn("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
+               verdict.message);
+  // Same membership, unless waiting nodes make a bigger valid world.
+  std::vector<std::string> members;
+  for (const auto& m : world_.members) {
+    if (nodes_.IsAlive(m.node_id)) members.push_back(m.node_id);
+  }
+  std::optional<World> world;
+  if (rdzv_.UsableNodes() > rdzv_.RoundedNodes(static_cast<int>(members.size()))) {
+    world = rdzv_.Form();
+  } else {
+    world = rdzv_.FormFrom(members);
+  }
+  if (world.has_value()) {
+    StartRound(*world, /*is_restart=*/true, verdict.message);
+  } else {
+    // Only when members whose workers had finished were lost since: too few
+    // are left to restart the round.
+    EnterBelowMin("after a worker failure", clock_->Now());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request) {
+  absl::MutexLock lock(&mu_);
+  NodeRecord* rec = nodes_.Find(request.node_id());
+  if (rec == nullptr) {
+    spdlog::warn("job={} node={} workers-done refused: unknown node", options_.job_id,
+                 request.node_id());
+    return absl::NotFoundError(absl::StrCat("unknown node ", request.node_id(), ": join again"));
+  }
+  if (absl::Status s = CheckRound("workers-done report", request.round()); !s.ok()) {
+    spdlog::warn("job={} node={} round={} workers-done refused: {}", options_.job_id,
+                 request.node_id(), request.round(), s.message());
+    return s;
+  }
+  if (finished() || state_ != JobState::kRunning) {
+    spdlog::info("job={} node={} round={} workers-done ignored (job {})", options_.job_id,
+                 request.node_id(), request.round(), JobStateName(state_));
+    return absl::OkStatus();
+  }
+  if (!IsMember(request.node_id())) {
+    spdlog::warn("job={} node={} round={} workers-done refused: not a member", options_.job_id,
+                 request.node_id(), request.round());
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", request.node_id(), " is not a member of round ", round_));
+  }
+  done_.insert(request.node_id());
+  rec->state = NodeState::kDone;
+  spdlog::info("job={} node={} round={} workers done ({} of {} nodes)", options_.job_id,
+               request.node_id(), round_, done_.size(), world_.num_nodes());
+  MaybeSucceed();
+  return absl::OkStatus();
+}
+
+absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
+  absl::MutexLock lock(&mu_);
+  NodeRecord* rec = nodes_.Find(report.node_id());
+  if (rec == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
+  }
+  // Progress of an older round is stale but harmless: keep the newest only.
+  if (report.round() == round_) {
+    rec->last_step = report.step();
+    rec->last_step_time_s = report.step_time_s();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
+  if (key.empty()) return absl::InvalidArgumentError("KvSet needs a non-empty key");
+  absl::MutexLock lock(&mu_);
+  spdlog::debug("job={} kv set {} ({} bytes)", options_.job_id, key, value.size());
+  kv_[key] = std::move(value);
+  kv_cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait_s,
+                                             const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mu_);
+  absl::Time deadline = absl::Now() + absl::Seconds(std::max(wait_s, 0.0));
+  while (true) {
+    if (auto it = kv_.find(key); it != kv_.end()) return it->second;
+    if (shutdown_) return absl::UnavailableError("the job master is shutting down");
+    if (wait_s <= 0) return absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
+    if (cancelled && cancelled()) return absl::CancelledError("KvGet cancelled");
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("key ", key, " is not set after waiting ", absl::SixDigits(wait_s), " s"));
+    }
+    // Short slices so a cancelled RPC is noticed without a signal.
+    kv_cv_.WaitWithTimeout(&mu_, std::min(deadline - now, absl::Milliseconds(100)));
+  }
+}
+
+v1::JobStatus JobMaster::Status() const {
+  absl::MutexLock lock(&mu_);
+  double now = clock_->Now();
+  v1::JobStatus st;
+  st.set_job_id(options_.job_id);
+  st.set_state(JobStateName(state_));
+  st.set_round(round_);
+  st.set_world_size(world_.world_size);
+  st.set_restart_count(restart_count_);
+  *st.mutable_spec() = spec_;
+  auto add = [&](const NodeRecord& rec) {
+    v1::NodeStatus* ns = st.add_nodes();
+    ns->set_node_id(rec.spec.node_id);
+    ns->set_host(rec.spec.host);
+    ns->set_state(std::string(NodeStateName(rec.state)));
+    ns->set_group_rank(rec.group_rank);
+    ns->set_local_world_size(rec.spec.local_world_size);
+    ns->set_last_heartbeat_age_s(now - rec.last_heartbeat);
+    ns->set_last_step(rec.last_step);
+  };
+  // Members in rank order first, then the other alive nodes, then the gone.
+  for (const auto& m : world_.members) {
+    if (const NodeRecord* rec = nodes_.Find(m.node_id); rec != nullptr) add(*rec);
+  }
+  for (const auto& [id, rec] : nodes_.alive()) {
+    if (!IsMember(id)) add(rec);
+  }
+  for (const auto& rec : nodes_.gone()) add(rec);
+  if (!last_failure_.node_id().empty()) *st.mutable_last_failure() = last_failure_;
+  st.set_message(message_);
+  st.set_uptime_s(now - start_time_);
+  return st;
+}
+
+// ---------------------------------------------------------------------------
+// Watch streams.
+
+absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("the job master is shutting down");
+  auto it = outboxes_.find(node_id);
+  if (it == outboxes_.end() || !nodes_.IsAlive(node_id)) {
+    spdlog::warn("job={} node={} watch refused: unknown node", options_.job_id, node_id);
+    return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
+  }
+  Outbox& ob = *it->second;
+  bool replaced = ob.watcher_active;
+  ++ob.generation;
+  ob.watcher_active = true;
+  ob.final_sent = false;
+  ob.queue.clear();
+  if (ob.current.has_value()) ob.queue.push_back(*ob.current);
+  ob.cv.SignalAll();  // an older stream sees the new generation and ends
+  spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
+               replaced ? " (replaces the older stream)" : "");
+  return WatchHandle{node_id, it->second, ob.generation};
+}
+
+absl::StatusOr<std::optional<v1::Decision>> JobMaster::NextDecision(const WatchHandle& handle,
+                                                                    double timeout_s) {
+  absl::MutexLock lock(&mu_);
+  Outbox& ob = *handle.outbox;
+  absl::Time deadline = absl::Now() + absl::Seconds(std::max(timeout_s, 0.0));
+  while (true) {
+    if (shutdown_) return absl::UnavailableError("the job master is shutting down");
+    if (ob.generation != handle.generation) {
+      return absl::CancelledError(
+          absl::StrCat("replaced by a newer Watch for node ", handle.node_id));
+    }
+    if (ob.closed) {
+      return absl::NotFoundError(absl::StrCat("node ", handle.node_id,
+                                              " is no longer part of the job (", ob.closed_reason,
+                                              "): join again"));
+    }
+    if (!ob.queue.empty()) {
+      v1::Decision d = std::move(ob.queue.front());
+      ob.queue.pop_front();
+      return std::optional<v1::Decision>(std::move(d));
+    }
+    absl::Time now = absl::Now();
+    if (now >= deadline) return std::optional<v1::Decision>();
+    ob.cv.WaitWithTimeout(&mu_, deadline - now);
+  }
+}
+
+void JobMaster::MarkFinalSent(const WatchHandle& handle) {
+  absl::MutexLock lock(&mu_);
+  if (handle.outbox->generation == handle.generation) handle.outbox->final_sent = true;
+}
+
+void JobMaster::CloseWatch(const WatchHandle& handle) {
+  absl::MutexLock lock(&mu_);
+  Outbox& ob = *handle.outbox;
+  if (ob.generation != handle.generation) return;
+  ob.watcher_active = false;
+  ob.queue.clear();
+}
+
+bool JobMaster::AllFinalDecisionsSent() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, ob] : outboxes_) {
+    if (ob->watcher_active && !ob->final_sent) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Time and lifecycle.
+
+void JobMaster::Tick() {
+  LostList lost;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_ || finished()) return;
+    double now = clock_->Now();
+    std::vector<std::string> silent = nodes_.SilentNodes();
+    if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, &lost);
+    Evaluate(now);
+  }
+  NotifyLost(lost);
+}
+
+std::optional<JobOutcome> JobMaster::outcome() const {
+  absl::MutexLock lock(&mu_);
+  return outcome_;
+}
+
+std::optional<JobOutcome> JobMaster::WaitForFinish(double timeout_s) {
+  absl::MutexLock lock(&mu_);
+  absl::Time deadline =
+      timeout_s < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Seconds(timeout_s);
+  while (!outcome_.has_value() && !shutdown_) {
+    if (finished_cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  }
+  return outcome_;
+}
+
+void JobMaster::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  shutdown_ = true;
+  for (auto& [id, ob] : outboxes_) ob->cv.SignalAll();
+  kv_cv_.SignalAll();
+  finished_cv_.SignalAll();
+}
+
+}  // namespace ballast::master

@@ -1,0 +1,219 @@
+// JobMaster: the job state machine behind the Master gRPC service. It owns the
+// rendezvous, the node table, the fault policy, the KV store (round endpoints)
+// and one decision outbox per node, which the Watch streams drain. It speaks
+// proto messages and absl::Status only; master_service.cc adapts it to gRPC.
+//
+// Job states: "rendezvous" (waiting for enough nodes), "running" (a round is
+// active), then "succeeded" or "failed" (final). Every change of the world is
+// a new round with a larger number (see master.proto):
+//  - first rendezvous: the round forms once MAX nodes joined, or >= MIN and
+//    last_call_s passed after the last join;
+//  - restart in place after a worker failure (uses one of max_restarts);
+//  - scale down when a member is lost: at once if the rest still makes a valid
+//    world, else back to "rendezvous" for up to wait_for_nodes_s;
+//  - scale up when late nodes would make a bigger valid world (after the last
+//    call, or at once when they reach MAX).
+// Membership changes never use up restarts.
+//
+// Time: every timestamp comes from the injected clock; Tick() evaluates the
+// timeouts (heartbeats, last call, waiting for nodes) and is driven by the
+// server's ticker thread, or by hand in tests with FakeClock. Blocking waits
+// (KvGet, NextDecision, WaitForFinish) use real time.
+//
+// Ownership: JobMaster owns all job state. The clock is borrowed and must
+// outlive it. Watch handles share ownership of their outbox, so a handle stays
+// valid after its node is gone (the stream then just ends).
+//
+// Thread safety: all public methods are thread-safe. One mutex (mu_) guards
+// all state, including the outboxes; blocking calls wait on condition
+// variables tied to it. The on_node_lost callback runs outside the lock, after
+// the state change, on the thread that detected the loss.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ballast/v1/master.pb.h"
+#include "common/clock.h"
+#include "master/fault_policy.h"
+#include "master/node_table.h"
+#include "master/rendezvous.h"
+
+namespace ballast::master {
+
+struct JobMasterOptions {
+  std::string job_id;  // also the TORCHELASTIC_RUN_ID
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_unit = 1;
+  int max_restarts = 3;
+  double last_call_s = 1.0;
+  double heartbeat_interval_s = 1.0;
+  double heartbeat_timeout_s = 5.0;
+  double wait_for_nodes_s = 300.0;
+  ClockInterface* clock = nullptr;  // required; borrowed
+  // Called (outside the lock) when a node dies or leaves while the job runs.
+  std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
+};
+
+// kInvalidArgument with a message that says what to fix, or OK.
+absl::Status ValidateJobMasterOptions(const JobMasterOptions& options);
+
+struct JobOutcome {
+  bool succeeded = false;
+  std::string message;
+  int restart_count = 0;
+};
+
+class JobMaster {
+ public:
+  // A Watch stream's hold on its node's outbox. Opening a newer Watch for the
+  // same node makes older handles stale (their NextDecision ends the stream).
+  struct Outbox;
+  struct WatchHandle {
+    std::string node_id;
+    std::shared_ptr<Outbox> outbox;
+    uint64_t generation = 0;
+  };
+
+  // Options must be valid (ValidateJobMasterOptions).
+  explicit JobMaster(JobMasterOptions options);
+  ~JobMaster();
+  JobMaster(const JobMaster&) = delete;
+  JobMaster& operator=(const JobMaster&) = delete;
+
+  // --- The RPCs (see master.proto for the contract). ---
+  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
+  absl::Status Leave(const v1::LeaveRequest& request);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status ReportFailure(const v1::FailureReport& report);
+  absl::Status ReportWorkersDone(const v1::WorkersDoneRequest& request);
+  absl::Status ReportProgress(const v1::ProgressReport& report);
+  absl::Status KvSet(const std::string& key, std::string value);
+  // Waits up to wait_s (real time) for `key`. NOT_FOUND when absent and
+  // wait_s <= 0, DEADLINE_EXCEEDED after waiting, UNAVAILABLE on shutdown, and
+  // CANCELLED as soon as `cancelled` (polled every 100 ms) returns true.
+  absl::StatusOr<std::string> KvGet(const std::string& key, double wait_s,
+                                    const std::function<bool()>& cancelled = {});
+  v1::JobStatus Status() const;
+
+  // --- Watch streams. ---
+  // Starts a stream for a node: its current decision (StartRound, Wait or
+  // JobFinished) is queued first, so a reconnecting agent catches up. Replaces
+  // any older stream of the node. NOT_FOUND for an unknown node.
+  absl::StatusOr<WatchHandle> OpenWatch(const std::string& node_id);
+  // The stream's next decision, or nullopt after timeout_s (real time) without
+  // one. An error means the stream must end with it: CANCELLED when a newer
+  // Watch replaced it, NOT_FOUND when the node is gone, UNAVAILABLE on shutdown.
+  absl::StatusOr<std::optional<v1::Decision>> NextDecision(const WatchHandle& handle,
+                                                           double timeout_s);
+  // The stream wrote the final JobFinished to its agent.
+  void MarkFinalSent(const WatchHandle& handle);
+  // The stream ended; a no-op for stale handles.
+  void CloseWatch(const WatchHandle& handle);
+  // True when every open stream of an alive node has been sent JobFinished
+  // (vacuously true with no streams). Shutdown lingers on this.
+  bool AllFinalDecisionsSent() const;
+
+  // Evaluates heartbeat timeouts, last-call completion and wait-for-nodes
+  // expiry at the clock's now. Called every ~50-100 ms.
+  void Tick();
+
+  // The result once the job finished.
+  std::optional<JobOutcome> outcome() const;
+  // Blocks up to timeout_s (real time; < 0: forever) for the job to finish.
+  std::optional<JobOutcome> WaitForFinish(double timeout_s);
+  // Ends every stream and wait (they return UNAVAILABLE). Idempotent.
+  void Shutdown();
+
+  const std::string& job_id() const { return options_.job_id; }
+  const v1::JobSpec& spec() const { return spec_; }
+
+ private:
+  enum class JobState { kRendezvous, kRunning, kSucceeded, kFailed };
+  using LostList = std::vector<std::pair<std::string, std::string>>;  // (node, reason)
+
+  static const char* JobStateName(JobState s);
+  bool finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ == JobState::kSucceeded || state_ == JobState::kFailed;
+  }
+  absl::Status CheckSpec(const v1::JobSpec& given) const;
+  absl::Status CheckRound(const char* what, int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NnodesText() const;
+
+  // Queues `d` for the node and makes it the node's current decision when it
+  // is a StartRound, Wait or JobFinished.
+  void Push(const std::string& node_id, v1::Decision d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushWait(const std::string& node_id, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string SurplusReason() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string RendezvousWaitReason(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Starts the next round with `world`: StartRound to members, Wait to the rest.
+  void StartRound(const World& world, bool is_restart, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Round completion / scale up / wait-for-nodes expiry at `now`.
+  void Evaluate(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Nodes died or left: removes them and, if an active member is among them,
+  // re-forms the world once (scale down, or below MIN: stop and wait).
+  void LoseNodes(const std::vector<std::string>& ids, NodeState how, const std::string& reason,
+                 double now, LostList* lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Too few nodes for a valid world: stop the members and wait for joins.
+  void EnterBelowMin(const std::string& context, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSucceed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(bool succeeded, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsMember(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyLost(const LostList& lost);
+
+  const JobMasterOptions options_;
+  const v1::JobSpec spec_;
+  ClockInterface* const clock_;
+  const double start_time_;
+
+  mutable absl::Mutex mu_;
+  JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kRendezvous;
+  Rendezvous rdzv_ ABSL_GUARDED_BY(mu_);
+  NodeTable nodes_ ABSL_GUARDED_BY(mu_);
+  FaultPolicy policy_ ABSL_GUARDED_BY(mu_);
+  int64_t round_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first round
+  int restart_count_ ABSL_GUARDED_BY(mu_) = 0;
+  World world_ ABSL_GUARDED_BY(mu_);                 // the current round's world
+  std::set<std::string> done_ ABSL_GUARDED_BY(mu_);  // members that reported done
+  // Set while below MIN after a loss: when the wait began and what was lost.
+  std::optional<double> below_min_since_ ABSL_GUARDED_BY(mu_);
+  std::string below_min_context_ ABSL_GUARDED_BY(mu_);
+  v1::FailureInfo last_failure_ ABSL_GUARDED_BY(mu_);
+  std::string message_ ABSL_GUARDED_BY(mu_);
+  std::optional<JobOutcome> outcome_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar finished_cv_;
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar kv_cv_;
+  std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A node's decision queue. Its fields are guarded by the JobMaster's mu_.
+struct JobMaster::Outbox {
+  std::deque<v1::Decision> queue;        // not yet taken by the open stream
+  std::optional<v1::Decision> current;   // last StartRound / Wait / JobFinished
+  uint64_t generation = 0;               // bumped by every OpenWatch
+  bool watcher_active = false;
+  bool final_sent = false;               // the open stream wrote JobFinished
+  bool closed = false;                   // the node is gone
+  std::string closed_reason;
+  absl::CondVar cv;
+};
+
+}  // namespace ballast::master

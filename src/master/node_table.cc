@@ -1,0 +1,98 @@
+#include "master/node_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast::master {
+
+std::string_view NodeStateName(NodeState state) {
+  switch (state) {
+    case NodeState::kWaiting:
+      return "waiting";
+    case NodeState::kTraining:
+      return "training";
+    case NodeState::kDone:
+      return "done";
+    case NodeState::kDead:
+      return "dead";
+    case NodeState::kLeft:
+      return "left";
+  }
+  return "unknown";
+}
+
+NodeTable::NodeTable(ClockInterface* clock, double heartbeat_timeout_s)
+    : clock_(clock), heartbeat_timeout_s_(heartbeat_timeout_s) {}
+
+NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
+  double now = clock_->Now();
+  auto it = alive_.find(spec.node_id);
+  if (added != nullptr) *added = (it == alive_.end());
+  if (it != alive_.end()) {
+    it->second.spec = spec;
+    it->second.pid = pid;
+    it->second.last_heartbeat = now;
+    return it->second;
+  }
+  // Alive again: it is no longer one of the gone nodes.
+  gone_.erase(std::remove_if(gone_.begin(), gone_.end(),
+                             [&](const NodeRecord& r) { return r.spec.node_id == spec.node_id; }),
+              gone_.end());
+  NodeRecord& rec = alive_[spec.node_id];
+  rec.spec = spec;
+  rec.pid = pid;
+  rec.state = NodeState::kWaiting;
+  rec.joined_at = now;
+  rec.last_heartbeat = now;
+  return rec;
+}
+
+NodeRecord* NodeTable::Find(const std::string& node_id) {
+  auto it = alive_.find(node_id);
+  return it == alive_.end() ? nullptr : &it->second;
+}
+
+const NodeRecord* NodeTable::Find(const std::string& node_id) const {
+  auto it = alive_.find(node_id);
+  return it == alive_.end() ? nullptr : &it->second;
+}
+
+absl::Status NodeTable::Heartbeat(const std::string& node_id) {
+  NodeRecord* rec = Find(node_id);
+  if (rec == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
+  }
+  rec->last_heartbeat = clock_->Now();
+  return absl::OkStatus();
+}
+
+std::vector<std::string> NodeTable::SilentNodes() const {
+  double now = clock_->Now();
+  std::vector<std::string> out;
+  for (const auto& [id, rec] : alive_) {
+    if (now - rec.last_heartbeat > heartbeat_timeout_s_) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<std::string> NodeTable::ExpireSilent() {
+  std::vector<std::string> silent = SilentNodes();
+  for (const auto& id : silent) Remove(id, NodeState::kDead, "heartbeat timeout");
+  return silent;
+}
+
+bool NodeTable::Remove(const std::string& node_id, NodeState state, const std::string& reason) {
+  auto it = alive_.find(node_id);
+  if (it == alive_.end()) return false;
+  NodeRecord rec = std::move(it->second);
+  alive_.erase(it);
+  rec.state = state;
+  rec.group_rank = -1;
+  rec.gone_reason = reason;
+  gone_.push_back(std::move(rec));
+  while (gone_.size() > kMaxRemembered) gone_.pop_front();
+  return true;
+}
+
+}  // namespace ballast::master

@@ -1,0 +1,86 @@
+// NodeTable: the nodes of a job, their state and liveness. Alive nodes are
+// "waiting" (not in the running round), "training" (a member of it) or "done"
+// (its workers of the current round all exited 0). A node that misses
+// heartbeats for heartbeat_timeout_s, or leaves, is removed from the alive set
+// but remembered (as "dead" or "left") so `ballast status` can still show it.
+//
+// Time comes from an injected ClockInterface so timeout detection is tested
+// with FakeClock.
+//
+// Ownership: the table owns its records; the clock is borrowed and must
+// outlive the table. Thread safety: none; the owner (JobMaster) serializes
+// access under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "master/rendezvous.h"
+
+namespace ballast::master {
+
+enum class NodeState { kWaiting, kTraining, kDone, kDead, kLeft };
+
+// "waiting", "training", "done", "dead", "left" (the JobStatus strings).
+std::string_view NodeStateName(NodeState state);
+
+struct NodeRecord {
+  NodeSpec spec;
+  int64_t pid = 0;
+  NodeState state = NodeState::kWaiting;
+  int group_rank = -1;  // -1 when not a member of the current round
+  double joined_at = 0;
+  double last_heartbeat = 0;
+  int64_t last_step = 0;
+  double last_step_time_s = 0;
+  std::string gone_reason;  // why a dead/left node is gone
+};
+
+class NodeTable {
+ public:
+  // How many dead/left nodes are remembered for status (oldest forgotten first).
+  static constexpr size_t kMaxRemembered = 1024;
+
+  NodeTable(ClockInterface* clock, double heartbeat_timeout_s);
+
+  // Adds a node as waiting (sets *added) or refreshes the info of an alive one
+  // (its state is kept). Either way its heartbeat is fresh. A node id that was
+  // dead or left is alive again (a reconnecting agent).
+  NodeRecord& Upsert(const NodeSpec& spec, int64_t pid, bool* added = nullptr);
+
+  NodeRecord* Find(const std::string& node_id);
+  const NodeRecord* Find(const std::string& node_id) const;
+  bool IsAlive(const std::string& node_id) const { return Find(node_id) != nullptr; }
+
+  // Records a heartbeat. NOT_FOUND "unknown node X: join again" for a node
+  // that never joined or was declared dead (it must join again).
+  absl::Status Heartbeat(const std::string& node_id);
+
+  // Alive nodes whose last heartbeat is older than the timeout, in id order.
+  std::vector<std::string> SilentNodes() const;
+  // SilentNodes(), each moved to the remembered set as dead.
+  std::vector<std::string> ExpireSilent();
+
+  // Moves an alive node to the remembered set with `state` (kDead or kLeft).
+  // Returns false if it was not alive.
+  bool Remove(const std::string& node_id, NodeState state, const std::string& reason);
+
+  const std::map<std::string, NodeRecord>& alive() const { return alive_; }
+  std::map<std::string, NodeRecord>& mutable_alive() { return alive_; }
+  const std::deque<NodeRecord>& gone() const { return gone_; }
+  double heartbeat_timeout_s() const { return heartbeat_timeout_s_; }
+
+ private:
+  ClockInterface* clock_;
+  double heartbeat_timeout_s_;
+  std::map<std::string, NodeRecord> alive_;
+  std::deque<NodeRecord> gone_;  // oldest first
+};
+
+}  // namespace ballast::master

@@ -1,0 +1,114 @@
+#include "master/rendezvous.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace ballast::master {
+
+const MemberAssignment* World::Find(const std::string& node_id) const {
+  for (const auto& m : members) {
+    if (m.node_id == node_id) return &m;
+  }
+  return nullptr;
+}
+
+Rendezvous::Rendezvous(RendezvousConfig config) : config_(config) {}
+
+bool Rendezvous::Join(const NodeSpec& node, double now) {
+  for (auto& e : entries_) {
+    if (e.spec.node_id == node.node_id) {
+      e.spec = node;
+      return false;
+    }
+  }
+  entries_.push_back(Entry{node, next_seq_++});
+  last_join_time_ = now;
+  return true;
+}
+
+bool Rendezvous::Remove(const std::string& node_id) {
+  auto it = std::find_if(entries_.begin(), entries_.end(),
+                         [&](const Entry& e) { return e.spec.node_id == node_id; });
+  if (it == entries_.end()) return false;
+  entries_.erase(it);
+  return true;
+}
+
+bool Rendezvous::Contains(const std::string& node_id) const {
+  return std::any_of(entries_.begin(), entries_.end(),
+                     [&](const Entry& e) { return e.spec.node_id == node_id; });
+}
+
+int Rendezvous::RoundedNodes(int n) const {
+  int capped = std::min(n, config_.max_nodes);
+  int unit = std::max(config_.node_unit, 1);
+  int rounded = capped - capped % unit;
+  return rounded >= config_.min_nodes && rounded > 0 ? rounded : 0;
+}
+
+bool Rendezvous::Ready(double now) const {
+  auto wait = SecondsUntilReady(now);
+  return wait.has_value() && *wait <= 0;
+}
+
+std::optional<double> Rendezvous::SecondsUntilReady(double now) const {
+  if (UsableNodes() == 0) return std::nullopt;
+  if (size() >= config_.max_nodes) return 0.0;
+  return std::max(0.0, last_join_time_ + config_.last_call_s - now);
+}
+
+std::vector<const Rendezvous::Entry*> Rendezvous::OrderedEntries() const {
+  std::vector<const Entry*> out;
+  out.reserve(entries_.size());
+  for (const auto& e : entries_) out.push_back(&e);
+  // Nodes with a hint first (ascending hint), then the rest; join order breaks
+  // every tie, so the order never depends on map or hash iteration.
+  std::stable_sort(out.begin(), out.end(), [](const Entry* a, const Entry* b) {
+    bool a_hint = a->spec.node_rank_hint >= 0;
+    bool b_hint = b->spec.node_rank_hint >= 0;
+    if (a_hint != b_hint) return a_hint;
+    if (a_hint && a->spec.node_rank_hint != b->spec.node_rank_hint) {
+      return a->spec.node_rank_hint < b->spec.node_rank_hint;
+    }
+    return a->seq < b->seq;
+  });
+  return out;
+}
+
+std::vector<NodeSpec> Rendezvous::Ordered() const {
+  std::vector<NodeSpec> out;
+  for (const Entry* e : OrderedEntries()) out.push_back(e->spec);
+  return out;
+}
+
+std::optional<World> Rendezvous::Form() const { return FormImpl(OrderedEntries()); }
+
+std::optional<World> Rendezvous::FormFrom(const std::vector<std::string>& candidates) const {
+  std::unordered_set<std::string> wanted(candidates.begin(), candidates.end());
+  std::vector<const Entry*> chosen;
+  for (const Entry* e : OrderedEntries()) {
+    if (wanted.count(e->spec.node_id) > 0) chosen.push_back(e);
+  }
+  return FormImpl(chosen);
+}
+
+std::optional<World> Rendezvous::FormImpl(const std::vector<const Entry*>& ordered) const {
+  int n = RoundedNodes(static_cast<int>(ordered.size()));
+  if (n == 0) return std::nullopt;
+  World world;
+  std::unordered_set<std::string> members;
+  int offset = 0;
+  for (int i = 0; i < n; ++i) {
+    const NodeSpec& s = ordered[i]->spec;
+    world.members.push_back(MemberAssignment{s.node_id, i, s.local_world_size, offset, s.host});
+    members.insert(s.node_id);
+    offset += s.local_world_size;
+  }
+  world.world_size = offset;
+  for (const Entry* e : OrderedEntries()) {
+    if (members.count(e->spec.node_id) == 0) world.surplus.push_back(e->spec.node_id);
+  }
+  return world;
+}
+
+}  // namespace ballast::master

@@ -1,0 +1,118 @@
+// Rendezvous: decides when a round of nodes is complete and which node gets
+// which rank. Pure logic: no gRPC, no threads, time is passed in (`now`, in
+// seconds of the job master's clock), so every rule is unit-tested without
+// sleeping.
+//
+// Rules (the torchrun/DLRover semantics users know):
+//  - A round can form when MAX nodes joined, or when at least MIN joined and
+//    `last_call_s` passed since the last new join.
+//  - The world is min(joined, MAX) rounded down to a multiple of `node_unit`;
+//    if that is below MIN, keep waiting. Nodes left out are "surplus" and wait
+//    for a later round.
+//  - Rank order is deterministic: nodes with a rank hint first (ascending),
+//    then nodes without one, in join order; ties by join order. group_rank is
+//    the index in that order and a node's rank offset is the prefix sum of the
+//    local world sizes before it. With a surplus, the first nodes in that order
+//    are chosen.
+//
+// The participants are every alive node the job master knows (members of the
+// running round and waiting nodes alike); the job master removes lost nodes.
+//
+// Ownership: plain value type. Thread safety: none; the owner (JobMaster)
+// serializes access under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ballast::master {
+
+struct RendezvousConfig {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_unit = 1;
+  double last_call_s = 1.0;
+};
+
+// What a node brings to the rendezvous.
+struct NodeSpec {
+  std::string node_id;
+  int node_rank_hint = -1;  // -1: no hint
+  int local_world_size = 1;
+  std::string host;
+};
+
+struct MemberAssignment {
+  std::string node_id;
+  int group_rank = 0;
+  int local_world_size = 0;
+  int rank_offset = 0;  // global rank of the node's local rank 0
+  std::string host;
+};
+
+// The outcome of a completed rendezvous.
+struct World {
+  std::vector<MemberAssignment> members;  // in group-rank order
+  std::vector<std::string> surplus;       // participants not chosen, in rank order
+  int world_size = 0;                     // sum of the members' local world sizes
+
+  int num_nodes() const { return static_cast<int>(members.size()); }
+  const MemberAssignment* Find(const std::string& node_id) const;
+};
+
+class Rendezvous {
+ public:
+  explicit Rendezvous(RendezvousConfig config);
+
+  // Adds a node and restarts the last-call timer (returns true), or refreshes
+  // the info of a node that is already a participant, keeping its place in
+  // join order and leaving the timer alone (returns false): a reconnecting
+  // agent does not lose its place.
+  bool Join(const NodeSpec& node, double now);
+  // Removes a participant (lost or left). Returns false if it was not one.
+  bool Remove(const std::string& node_id);
+  bool Contains(const std::string& node_id) const;
+  int size() const { return static_cast<int>(entries_.size()); }
+
+  // The largest valid world from `n` nodes: min(n, MAX) rounded down to a
+  // multiple of node_unit, or 0 when that is below MIN.
+  int RoundedNodes(int n) const;
+  // RoundedNodes(size()): the nodes a round formed now would have (0: none).
+  int UsableNodes() const { return RoundedNodes(size()); }
+
+  // Whether a round may form now: a valid world exists and either MAX nodes
+  // joined or last_call_s passed since the last new join.
+  bool Ready(double now) const;
+  // Seconds until Ready() turns true if nothing changes; 0 when ready now,
+  // nullopt when more nodes are needed first.
+  std::optional<double> SecondsUntilReady(double now) const;
+
+  // The world formed from all participants; nullopt when below MIN.
+  std::optional<World> Form() const;
+  // The world formed from the participants named in `candidates` only (e.g.
+  // the current members, for a restart in place); every other participant is
+  // surplus. nullopt when the candidates are below MIN.
+  std::optional<World> FormFrom(const std::vector<std::string>& candidates) const;
+
+  // Participants in rank order.
+  std::vector<NodeSpec> Ordered() const;
+  double last_join_time() const { return last_join_time_; }
+  const RendezvousConfig& config() const { return config_; }
+
+ private:
+  struct Entry {
+    NodeSpec spec;
+    uint64_t seq = 0;  // join order
+  };
+  std::vector<const Entry*> OrderedEntries() const;
+  std::optional<World> FormImpl(const std::vector<const Entry*>& ordered_candidates) const;
+
+  RendezvousConfig config_;
+  std::vector<Entry> entries_;  // in join order
+  uint64_t next_seq_ = 0;
+  double last_join_time_ = 0;
+};
+
+}  // namespace ballast::master
