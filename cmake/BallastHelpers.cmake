@@ -21,6 +21,12 @@ function(ballast_cc_test)
   add_executable(${B_NAME} ${B_SRCS})
   target_link_libraries(${B_NAME} PRIVATE ${B_DEPS} GTest::gmock GTest::gtest_main)
   target_compile_options(${B_NAME} PRIVATE ${BALLAST_WARNINGS})
+  # Where tests find the binary and the sources (env BALLAST_BIN etc. override).
+  # Baked in rather than set through ctest ENVIRONMENT, which gtest_discover_tests
+  # would split at the list's semicolons.
+  target_compile_definitions(${B_NAME} PRIVATE
+    BALLAST_TEST_BIN="${PROJECT_BINARY_DIR}/bin/ballast"
+    BALLAST_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   if(NOT B_LABELS)
     set(B_LABELS unit)
   endif()
@@ -33,6 +39,5 @@ function(ballast_cc_test)
   endif()
   gtest_discover_tests(${B_NAME}
     PROPERTIES LABELS "${B_LABELS}" TIMEOUT ${B_TIMEOUT} RUN_SERIAL ${serial}
-    ENVIRONMENT "BALLAST_BIN=${PROJECT_BINARY_DIR}/bin/ballast;BALLAST_SOURCE_DIR=${PROJECT_SOURCE_DIR};BALLAST_PYTHON=/usr/bin/python3"
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -73,8 +73,6 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   WorkerSpec spec;
   spec.argv = WorkerCommand(options_.run);
   spec.base_env = CurrentEnvironment();
-  // The token authenticates agents; workers run user code and do not need it.
-  spec.base_env.erase("BALLAST_TOKEN");
   spec.role = options_.run.role;
   spec.node_id = options_.node_id;
   spec.log_dir = options_.run.log_dir;
@@ -185,8 +183,7 @@ int Agent::Run() {
                               " refused this agent's token: pass the token it printed with --token or BALLAST_TOKEN"));
     } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
       PrintError(absl::StrCat("cannot reach the ballast master at ", options_.endpoint, " after ",
-                              static_cast<int>(join_timeout),
-                              " s: is `ballast master` running there and the port open? "
+                              join_timeout, " s: is `ballast master` running there and the port open? "
                               "(BALLAST_CONNECT_TIMEOUT_S waits longer)"));
     } else {
       PrintError(absl::StrCat("the ballast master at ", options_.endpoint, " refused to join this node: ",
@@ -261,7 +258,8 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
         spdlog::info("job succeeded {}", Fmt());
         return 0;
       }
-      PrintError(absl::StrCat("job failed: ", f.message()));
+      // The master's message names node, rank, cause and stderr tail.
+      PrintError(absl::StartsWith(f.message(), "job failed") ? f.message() : absl::StrCat("job failed: ", f.message()));
       return 1;
     }
     case v1::Decision::KIND_NOT_SET:
@@ -385,7 +383,7 @@ void Agent::ReportFailure(const v1::FailureReport& report) {
     absl::Status s = client_->ReportFailure(report);
     if (s.ok()) return;
     if (absl::IsAborted(s)) {
-      spdlog::debug("failure report for round {} is stale: {}", report.round(), s.message());
+      spdlog::debug("failure report for round {} is stale: {}", report.round(), std::string(s.message()));
       return;
     }
     // A master briefly unreachable must still hear about the failure, or the
@@ -405,9 +403,11 @@ std::optional<int> Agent::PollWorkers() {
   std::vector<WorkerEvent> events = workers_->Poll();
   for (const WorkerEvent& e : events) {
     if (e.kind == WorkerEvent::Kind::kFailed) {
-      spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}{}{}", e.status.Describe(),
-                    e.pid, options_.node_id, e.global_rank, e.local_rank, e.round,
-                    e.stderr_tail.empty() ? "" : "; last stderr lines:\n", e.stderr_tail);
+      // The worker's stderr already reached the console (or its log file), so
+      // the tail is only repeated at debug level.
+      spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}", e.status.Describe(), e.pid,
+                    options_.node_id, e.global_rank, e.local_rank, e.round);
+      if (!e.stderr_tail.empty()) spdlog::debug("last stderr lines of rank {}:\n{}", e.global_rank, e.stderr_tail);
       // One report per round: the master restarts the whole round on the first
       // failure, and the others are usually its consequence.
       if (round_failed_reported_) continue;

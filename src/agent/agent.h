@@ -55,6 +55,16 @@ std::vector<std::string> WorkerCommand(const RunOptions& options);
 // The JobSpec a JoinRequest carries: only what was given on the command line.
 v1::JobSpec JoinSpec(const RunOptions& options);
 
+// Behaviour (see proto/ballast/v1/master.proto for the protocol):
+//  - StartRound N > current: stop older workers (grace), publish (group rank 0)
+//    or fetch the round's MASTER_ADDR:PORT through the master's KV store, start
+//    the workers. Re-sent or older StartRounds are ignored.
+//  - Wait / StopWorkers: stop the workers and wait for the next decision.
+//  - A worker fails: ReportFailure (the first one per round), keep supervising.
+//    All workers exit 0: ReportWorkersDone, wait for JobFinished.
+//  - JobFinished: exit 0 or 1 (printing the master's message). A signal: stop
+//    workers, Leave, exit 128+N. Master lost past reconnect_timeout_s: exit 1.
+// Run() may be called once per Agent.
 class Agent {
  public:
   explicit Agent(AgentOptions options);

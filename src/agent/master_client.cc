@@ -82,7 +82,7 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
     if (r.ok() || !Retryable(r.status())) return r;
     last = r.status();
     if (attempts == 1 || attempts % 10 == 0)
-      spdlog::info("master {} not reachable yet ({}); retrying", options_.endpoint, last.message());
+      spdlog::info("master {} not reachable yet ({}); retrying", options_.endpoint, std::string(last.message()));
     remaining = timeout_s - SecondsSince(start);
     if (remaining <= 0) break;
     if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");
@@ -182,7 +182,8 @@ void MasterClient::StartWatch(const std::string& node_id, DecisionCallback on_de
 
 void MasterClient::WatchLoop(std::string node_id) {
   // Time the connection was first found broken; reset by every decision read.
-  std::optional<Clock::time_point> broken_since;
+  Clock::time_point broken_since{};  // valid while broken_since_set
+  bool broken_since_set = false;
   double backoff = options_.backoff_initial_s;
   bool need_rejoin = false;
   while (true) {
@@ -195,19 +196,18 @@ void MasterClient::WatchLoop(std::string node_id) {
         return;
       }
     }
-    grpc::ClientContext ctx;
-    CallScope scope(this, &ctx, 0);  // the stream lives as long as the agent
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (shutdown_) return;
-      watch_ctx_ = &ctx;
     }
+    grpc::ClientContext ctx;
+    CallScope scope(this, &ctx, 0);  // no deadline: the stream lives as long as the agent
     v1::WatchRequest req;
     req.set_node_id(node_id);
     auto reader = stub_->Watch(&ctx, req);
     v1::Decision decision;
     while (reader->Read(&decision)) {
-      broken_since.reset();
+      broken_since_set = false;
       backoff = options_.backoff_initial_s;
       if (on_decision_) on_decision_(decision);
     }
@@ -216,16 +216,17 @@ void MasterClient::WatchLoop(std::string node_id) {
       std::lock_guard<std::mutex> lock(mu_);
       if (shutdown_) return;
     }
-    if (!broken_since.has_value()) {
+    if (!broken_since_set) {
+      broken_since_set = true;
       broken_since = Clock::now();
       spdlog::warn("lost the watch stream to master {} ({}: {}); reconnecting", options_.endpoint,
-                   absl::StatusCodeToString(s.code()), s.message());
+                   absl::StatusCodeToString(s.code()), std::string(s.message()));
     }
     if (absl::IsUnauthenticated(s)) {
       ReportLost(absl::UnauthenticatedError(absl::StrCat("the master refused this agent's token: ", s.message())));
       return;
     }
-    double lost_for = SecondsSince(*broken_since);
+    double lost_for = SecondsSince(broken_since);
     if (lost_for >= options_.reconnect_timeout_s) {
       ReportLost(absl::UnavailableError(absl::StrCat("lost the ballast master at ", options_.endpoint, " for ",
                                                      static_cast<int>(lost_for), " s: ", s.message())));
@@ -245,27 +246,31 @@ void MasterClient::StartHeartbeat(double interval_s, HeartbeatSource source) {
 }
 
 void MasterClient::HeartbeatLoop(double interval_s) {
-  std::optional<Clock::time_point> failing_since;
+  Clock::time_point failing_since{};  // valid while failing_since_set
+  bool failing_since_set = false;
   while (SleepUnlessShutdown(interval_s)) {
     absl::Status s = Heartbeat(heartbeat_source_());
     if (s.ok()) {
-      failing_since.reset();
+      failing_since_set = false;
       continue;
     }
     if (absl::IsNotFound(s)) {
       // The master forgot us (declared dead, or restarted): join again.
-      spdlog::warn("master {} does not know this node ({}); joining again", options_.endpoint, s.message());
+      spdlog::warn("master {} does not know this node ({}); joining again", options_.endpoint, std::string(s.message()));
       s = Rejoin();
       if (s.ok()) {
-        failing_since.reset();
+        failing_since_set = false;
         continue;
       }
     }
-    if (!failing_since.has_value()) failing_since = Clock::now();
+    if (!failing_since_set) {
+      failing_since_set = true;
+      failing_since = Clock::now();
+    }
     spdlog::debug("heartbeat to {} failed: {}", options_.endpoint, s.ToString());
-    if (SecondsSince(*failing_since) >= options_.reconnect_timeout_s) {
+    if (SecondsSince(failing_since) >= options_.reconnect_timeout_s) {
       ReportLost(absl::UnavailableError(absl::StrCat("no heartbeat reached the ballast master at ", options_.endpoint,
-                                                     " for ", static_cast<int>(SecondsSince(*failing_since)),
+                                                     " for ", static_cast<int>(SecondsSince(failing_since)),
                                                      " s: ", s.message())));
       return;
     }

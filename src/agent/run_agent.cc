@@ -17,9 +17,7 @@
 #include "common/tunables.h"
 #include "spdlog/spdlog.h"
 
-#ifdef BALLAST_HAVE_MASTER
 #include "master/master_server.h"
-#endif
 
 namespace ballast::agent {
 namespace {
@@ -114,7 +112,6 @@ int RunAgent(const RunOptions& options) {
   }
   ao.token = options.token;
 
-#ifdef BALLAST_HAVE_MASTER
   std::unique_ptr<master::MasterServer> master;
   if (embedded) {
     master::MasterOptions mo;
@@ -141,12 +138,6 @@ int RunAgent(const RunOptions& options) {
     }
     spdlog::info("embedded ballast master listening on {}:{} job={}", bind_host, master->port(), master->job_id());
   }
-#else
-  if (embedded) {
-    PrintError("this build of ballast has no embedded master: start `ballast master` and pass --rdzv-endpoint");
-    return 1;
-  }
-#endif
 
   int code = 1;
   {
@@ -155,12 +146,10 @@ int RunAgent(const RunOptions& options) {
     code = agent.Run();
     signals.Detach();
   }
-#ifdef BALLAST_HAVE_MASTER
   if (master) {
     // Other nodes must hear the final decision before the master goes away.
     master->Shutdown(standalone ? std::min(1.0, tunables.finish_linger_s) : tunables.finish_linger_s);
   }
-#endif
   return code;
 }
 

@@ -94,8 +94,11 @@ std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, con
   env["BALLAST_NODE_ID"] = spec.node_id;
   env["BALLAST_ROUND"] = absl::StrCat(round.round);
   env["PYTHONUNBUFFERED"] = "1";
-  // torchrun's default: one OpenMP thread per worker unless the user chose.
-  if (env.find("OMP_NUM_THREADS") == env.end()) env["OMP_NUM_THREADS"] = "1";
+  // torchrun's default: one OpenMP thread per worker unless the user chose
+  // (an empty value is no choice: OpenMP would ignore it).
+  if (auto it = env.find("OMP_NUM_THREADS"); it == env.end() || it->second.empty()) {
+    env["OMP_NUM_THREADS"] = "1";
+  }
   return env;
 }
 

@@ -170,7 +170,7 @@ int LaunchCommand(const Args& args) {
       ++replacements;
       spdlog::warn("agent {} exited ({}); starting a replacement node ({}/{})", exit.name, exit.status.Describe(),
                    replacements, f.max_replacements);
-      if (auto st = launch_node(hint); !st.ok()) spdlog::error("cannot start a replacement agent: {}", st.message());
+      if (auto st = launch_node(hint); !st.ok()) spdlog::error("cannot start a replacement agent: {}", std::string(st.message()));
     }
     if (sched.RunningNodes().empty() && !result.has_value()) {
       result = m.WaitForFinish(0.5);  // the last agent may have exited right after the job ended

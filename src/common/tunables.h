@@ -15,6 +15,12 @@ namespace ballast {
   X(double, heartbeat_interval_s, 1.0, "Seconds between an agent's heartbeats to the master.") \
   X(double, heartbeat_timeout_s, 5.0,                                                          \
     "A node whose agent sent no heartbeat for this long is dead and leaves the job.")         \
+  X(double, disconnect_grace_s, 1.0,                                                          \
+    "A node whose agent's decision stream closed and did not reopen within this long is "     \
+    "lost (a killed agent closes its connection at once). 0 relies on heartbeats alone.")     \
+  X(double, failure_settle_s, 0.25,                                                            \
+    "A worker failure is decided this long after its report, so that a node loss behind it "  \
+    "is seen first and the failure is not counted as a restart.")                             \
   X(double, last_call_s, 1.0,                                                                  \
     "Once at least MIN nodes joined, a round completes this many seconds after the last "      \
     "join (or at once when MAX nodes joined).")                                                \

@@ -212,8 +212,12 @@ std::string JobMaster::RendezvousWaitReason(double now) const {
       absl::StrCat("waiting for nodes: ", rdzv_.size(), " joined (--nnodes ", NnodesText(),
                    ", node unit ", options_.node_unit, ")");
   if (auto s = rdzv_.SecondsUntilReady(now); s.has_value()) {
-    absl::StrAppend(&reason, "; the round starts in ", absl::SixDigits(*s),
-                    " s unless more nodes join");
+    if (*s <= 0) {
+      absl::StrAppend(&reason, "; the round starts now");
+    } else {
+      absl::StrAppend(&reason, "; the round starts in ", absl::SixDigits(*s),
+                      " s unless more nodes join");
+    }
   }
   return reason;
 }
@@ -411,7 +415,8 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
                      " workers: --nproc-per-node must be at least 1"));
   }
   if (absl::Status s = CheckSpec(request.spec()); !s.ok()) {
-    spdlog::warn("job={} node={} join refused: {}", options_.job_id, n.node_id(), s.message());
+    spdlog::warn("job={} node={} join refused: {}", options_.job_id, n.node_id(),
+                 std::string(s.message()));
     return s;
   }
   absl::MutexLock lock(&mu_);
@@ -487,7 +492,7 @@ absl::Status JobMaster::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::Status s = nodes_.Heartbeat(request.node_id());
   if (!s.ok()) {
     spdlog::warn("job={} node={} heartbeat refused: {}", options_.job_id, request.node_id(),
-                 s.message());
+                 std::string(s.message()));
   }
   return s;
 }
@@ -503,7 +508,7 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
   std::string host = rec->spec.host;
   if (absl::Status s = CheckRound("failure report", report.round()); !s.ok()) {
     spdlog::warn("job={} node={} round={} failure report refused: {} ({})", options_.job_id,
-                 report.node_id(), report.round(), s.message(),
+                 report.node_id(), report.round(), std::string(s.message()),
                  FaultPolicy::DescribeWorker(report, host));
     return s;
   }
@@ -519,11 +524,63 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", report.node_id(), " is not a member of round ", round_));
   }
+  if (options_.failure_settle_s > 0 || DisconnectedMember(report.node_id()).has_value()) {
+    spdlog::info("job={} node={} round={} failure report held for {:.2f} s{}: {}", options_.job_id,
+                 report.node_id(), report.round(), options_.failure_settle_s,
+                 DisconnectedMember(report.node_id()).has_value()
+                     ? " and until disconnected nodes are back or lost"
+                     : "",
+                 FaultPolicy::DescribeWorker(report, host));
+    pending_failures_.push_back({report, host, clock_->Now()});
+    return absl::OkStatus();
+  }
+  HandleFailure(report, host);
+  return absl::OkStatus();
+}
+
+std::optional<std::string> JobMaster::DisconnectedMember(const std::string& except) const {
+  for (const auto& m : world_.members) {
+    if (m.node_id == except) continue;
+    auto it = outboxes_.find(m.node_id);
+    if (it != outboxes_.end() && it->second->disconnected_since.has_value()) return m.node_id;
+  }
+  return std::nullopt;
+}
+
+void JobMaster::DecidePendingFailures(double now) {
+  if (pending_failures_.empty()) return;
+  if (finished() || state_ != JobState::kRunning) {
+    pending_failures_.clear();
+    return;
+  }
+  // Reports of an older round: a node loss re-formed the world meanwhile, so
+  // the failure was a consequence of that loss and uses up no restart.
+  std::erase_if(pending_failures_, [&](const PendingFailure& p) {
+    if (p.report.round() == round_) return false;
+    spdlog::info("job={} node={} round={} held failure attributed to the world change (now round "
+                 "{}); not counted as a restart",
+                 options_.job_id, p.report.node_id(), p.report.round(), round_);
+    return true;
+  });
+  if (pending_failures_.empty()) return;
+  const PendingFailure& first = pending_failures_.front();
+  if (now - first.reported_at < options_.failure_settle_s) return;
+  if (DisconnectedMember(first.report.node_id()).has_value()) return;  // back or lost first
+  std::vector<PendingFailure> ready;
+  ready.swap(pending_failures_);
+  // The policy acts on the first report of the round and logs the rest.
+  for (const auto& p : ready) {
+    if (p.report.round() != round_ || finished()) break;
+    HandleFailure(p.report, p.host);
+  }
+}
+
+void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host) {
   FailureVerdict verdict = policy_.OnFailure(report, host, restart_count_);
   if (verdict.action == FailureAction::kIgnore) {
     spdlog::info("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
                  verdict.message);
-    return absl::OkStatus();
+    return;
   }
   last_failure_.Clear();
   last_failure_.set_node_id(report.node_id());
@@ -537,7 +594,7 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
   last_failure_.set_host(host);
   if (verdict.action == FailureAction::kFailJob) {
     Finish(false, verdict.message);
-    return absl::OkStatus();
+    return;
   }
   spdlog::warn("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
                verdict.message);
@@ -559,7 +616,6 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
     // are left to restart the round.
     EnterBelowMin("after a worker failure", clock_->Now());
   }
-  return absl::OkStatus();
 }
 
 absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request) {
@@ -572,7 +628,7 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
   }
   if (absl::Status s = CheckRound("workers-done report", request.round()); !s.ok()) {
     spdlog::warn("job={} node={} round={} workers-done refused: {}", options_.job_id,
-                 request.node_id(), request.round(), s.message());
+                 request.node_id(), request.round(), std::string(s.message()));
     return s;
   }
   if (finished() || state_ != JobState::kRunning) {
@@ -598,6 +654,8 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   absl::MutexLock lock(&mu_);
   NodeRecord* rec = nodes_.Find(report.node_id());
   if (rec == nullptr) {
+    spdlog::warn("job={} node={} progress report refused: unknown node", options_.job_id,
+                 report.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
   }
   // Progress of an older round is stale but harmless: keep the newest only.
@@ -685,6 +743,7 @@ absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& n
   bool replaced = ob.watcher_active;
   ++ob.generation;
   ob.watcher_active = true;
+  ob.disconnected_since.reset();
   ob.final_sent = false;
   ob.queue.clear();
   if (ob.current.has_value()) ob.queue.push_back(*ob.current);
@@ -732,6 +791,7 @@ void JobMaster::CloseWatch(const WatchHandle& handle) {
   if (ob.generation != handle.generation) return;
   ob.watcher_active = false;
   ob.queue.clear();
+  if (!ob.closed) ob.disconnected_since = clock_->Now();
 }
 
 bool JobMaster::AllFinalDecisionsSent() const {
@@ -753,6 +813,23 @@ void JobMaster::Tick() {
     double now = clock_->Now();
     std::vector<std::string> silent = nodes_.SilentNodes();
     if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, &lost);
+    if (options_.disconnect_grace_s > 0) {
+      std::vector<std::string> gone;
+      for (const auto& [id, ob] : outboxes_) {
+        if (ob->disconnected_since.has_value() &&
+            now - *ob->disconnected_since >= options_.disconnect_grace_s) {
+          gone.push_back(id);
+        }
+      }
+      if (!gone.empty()) {
+        LoseNodes(gone, NodeState::kDead,
+                  absl::StrCat("agent disconnected: its decision stream closed and it did not "
+                               "reconnect within ",
+                               options_.disconnect_grace_s, " s"),
+                  now, &lost);
+      }
+    }
+    DecidePendingFailures(now);
     Evaluate(now);
   }
   NotifyLost(lost);

@@ -63,6 +63,15 @@ struct JobMasterOptions {
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 5.0;
   double wait_for_nodes_s = 300.0;
+  // A node whose Watch stream closed and did not reopen within this many
+  // seconds is lost ("agent disconnected"), long before its heartbeat timeout:
+  // an agent killed outright closes its connection at once. 0 disables it.
+  double disconnect_grace_s = 0.0;
+  // A failure report is decided this many seconds after it arrived (0: at
+  // once). While any other member of the round is disconnected, the decision
+  // waits until that node is back or lost: a worker failure caused by a lost
+  // node is then a membership change, not a restart.
+  double failure_settle_s = 0.0;
   ClockInterface* clock = nullptr;  // required; borrowed
   // Called (outside the lock) when a node dies or leaves while the job runs.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
@@ -173,6 +182,15 @@ class JobMaster {
   // Too few nodes for a valid world: stop the members and wait for joins.
   void EnterBelowMin(const std::string& context, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the fault policy to a validated failure report of the current round.
+  void HandleFailure(const v1::FailureReport& report, const std::string& host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member of the round other than `except` whose Watch stream is closed.
+  std::optional<std::string> DisconnectedMember(const std::string& except) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides held failure reports whose settle time passed (see
+  // failure_settle_s); drops those a node loss made stale.
+  void DecidePendingFailures(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(bool succeeded, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsMember(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLost(const LostList& lost);
@@ -195,6 +213,12 @@ class JobMaster {
   std::optional<double> below_min_since_ ABSL_GUARDED_BY(mu_);
   std::string below_min_context_ ABSL_GUARDED_BY(mu_);
   v1::FailureInfo last_failure_ ABSL_GUARDED_BY(mu_);
+  struct PendingFailure {
+    v1::FailureReport report;
+    std::string host;
+    double reported_at = 0;
+  };
+  std::vector<PendingFailure> pending_failures_ ABSL_GUARDED_BY(mu_);
   std::string message_ ABSL_GUARDED_BY(mu_);
   std::optional<JobOutcome> outcome_ ABSL_GUARDED_BY(mu_);
   absl::CondVar finished_cv_;
@@ -212,6 +236,7 @@ struct JobMaster::Outbox {
   bool watcher_active = false;
   bool final_sent = false;               // the open stream wrote JobFinished
   bool closed = false;                   // the node is gone
+  std::optional<double> disconnected_since;  // clock time the open stream closed
   std::string closed_reason;
   absl::CondVar cv;
 };

@@ -25,7 +25,7 @@ MasterService::MasterService(JobMaster* job, std::string token)
 grpc::Status MasterService::Authenticate(const grpc::ServerContext& ctx, const char* rpc) const {
   std::string given = TokenFromContext(ctx);
   if (!given.empty() && TokenEquals(given, token_)) return grpc::Status::OK;
-  spdlog::warn("job={} {} refused from {}: {} job token", job_->job_id(), rpc, ctx.peer(),
+  spdlog::warn("job={} {} refused (UNAUTHENTICATED) from {}: {} job token", job_->job_id(), rpc, ctx.peer(),
                given.empty() ? "missing" : "wrong");
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       "missing or wrong job token: pass the token the master printed with "
@@ -114,12 +114,10 @@ grpc::Status MasterService::Watch(grpc::ServerContext* ctx, const v1::WatchReque
       job_->CloseWatch(*handle);
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream broke");
     }
-    if (d.has_job_finished()) {
-      // The last decision a node ever gets: end the stream cleanly.
-      job_->MarkFinalSent(*handle);
-      job_->CloseWatch(*handle);
-      return grpc::Status::OK;
-    }
+    // JobFinished is the last decision a node gets, but the stream stays open
+    // until the agent hangs up or the master shuts down: an agent reads a
+    // stream that ends by itself as a lost master and would try to re-join.
+    if (d.has_job_finished()) job_->MarkFinalSent(*handle);
   }
 }
 

@@ -6,7 +6,9 @@
 //
 // Watch holds its RPC thread for the stream's life, waiting on the node's
 // outbox in short slices so it notices a cancelled call and server shutdown.
-// The stream ends (OK) right after it wrote JobFinished, the last decision.
+// After JobFinished (the last decision) the stream stays open until the agent
+// hangs up or the server shuts down (UNAVAILABLE), so agents never mistake a
+// finished job for a lost master.
 //
 // Ownership: borrows the JobMaster, which must outlive the service (and the
 // grpc::Server it is registered with). Thread safety: handlers run
@@ -23,7 +25,7 @@ namespace ballast::master {
 class MasterService final : public v1::Master::Service {
  public:
   // How often a Watch stream wakes to check for cancellation and shutdown.
-  static constexpr double kWatchPollS = 0.2;
+  static constexpr double kWatchPollS = 0.05;
 
   MasterService(JobMaster* job, std::string token);
 

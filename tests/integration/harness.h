@@ -28,8 +28,8 @@ inline std::string Env(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : fallback;
 }
-inline std::string BallastBin() { return Env("BALLAST_BIN", "build/bin/ballast"); }
-inline std::string SourceDir() { return Env("BALLAST_SOURCE_DIR", "."); }
+inline std::string BallastBin() { return Env("BALLAST_BIN", BALLAST_TEST_BIN); }
+inline std::string SourceDir() { return Env("BALLAST_SOURCE_DIR", BALLAST_TEST_SOURCE_DIR); }
 inline std::string Python() { return Env("BALLAST_PYTHON", "/usr/bin/python3"); }
 inline std::string Script(const std::string& name) { return SourceDir() + "/tests/integration/scripts/" + name; }
 inline std::string Example(const std::string& name) { return SourceDir() + "/examples/" + name; }

@@ -1,0 +1,391 @@
+#include "ckpt/slot_store.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ballast::ckpt {
+
+// Lives at offset 0 of the control object, shared by processes. Only
+// lock-free atomics (checked below) are used, which are address-free and so
+// work across processes on shared mappings.
+struct alignas(64) SlotControl {
+  // Seqlock: odd while the slot is being written (or was torn by a crash).
+  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> step;
+  std::atomic<uint64_t> image_bytes;
+  // Larger = committed later; picks the newest committed slot.
+  std::atomic<uint64_t> commit_order;
+  std::atomic<uint32_t> state;  // SlotState
+  // Reader pins: 0 = free, else the pid of the reader.
+  std::atomic<int32_t> pins[SlotStore::kPinCells];
+};
+
+struct ControlBlock {
+  char magic[8];
+  uint32_t version;
+  uint32_t num_slots;
+  std::atomic<int32_t> writer_pid;  // 0 = none
+  std::atomic<uint64_t> commit_counter;
+  SlotControl slots[SlotStore::kMaxSlots];
+};
+
+namespace {
+
+constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
+constexpr uint32_t kControlVersion = 1;
+constexpr uint64_t kControlBytes = 4096;
+constexpr uint64_t kGrowGranularity = 2u << 20;
+
+static_assert(sizeof(ControlBlock) <= kControlBytes);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<int32_t>::is_always_lock_free);
+
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0) return false;
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+}  // namespace
+
+PinnedSlot::PinnedSlot(PinnedSlot&& other) noexcept { *this = std::move(other); }
+
+PinnedSlot& PinnedSlot::operator=(PinnedSlot&& other) noexcept {
+  if (this != &other) {
+    Release();
+    store_ = std::exchange(other.store_, nullptr);
+    slot_ = other.slot_;
+    pin_cell_ = other.pin_cell_;
+    step_ = other.step_;
+    image_bytes_ = other.image_bytes_;
+    mapping_ = std::move(other.mapping_);
+  }
+  return *this;
+}
+
+void PinnedSlot::Release() {
+  if (store_ != nullptr) {
+    store_->Unpin(slot_, pin_cell_);
+    store_ = nullptr;
+  }
+}
+
+SlotStore::SlotStore(std::string name, bool owner, bool prefault)
+    : name_(std::move(name)), owner_(owner), prefault_(prefault), pid_(getpid()) {}
+
+SlotStore::~SlotStore() {
+  if (writer_ && block_ != nullptr) {
+    int32_t me = pid_;
+    block_->writer_pid.compare_exchange_strong(me, 0);
+  }
+  // ShmSegment destructors unlink the names when we own them.
+}
+
+std::string SlotStore::SlotName(const std::string& name, int slot) {
+  return absl::StrCat(name, ".s", slot);
+}
+
+SlotControl& SlotStore::slot_control(int i) const { return block_->slots[i]; }
+
+absl::StatusOr<std::unique_ptr<SlotStore>> SlotStore::Create(const std::string& name,
+                                                             const SlotStoreOptions& options) {
+  if (options.num_slots < 2 || options.num_slots > kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_slots must be 2..", kMaxSlots, ", got ", options.num_slots));
+  }
+  std::unique_ptr<SlotStore> store(new SlotStore(name, /*owner=*/true, options.prefault));
+  // Slots first, control last: an opener that finds the control block (with
+  // its magic) also finds every slot object.
+  for (int i = 0; i < options.num_slots; ++i) {
+    ASSIGN_OR_RETURN(auto seg, ShmSegment::Create(SlotName(name, i), options.initial_slot_bytes,
+                                                  options.replace_existing));
+    if (options.prefault) RETURN_IF_ERROR(seg->Prefault(0, seg->size()));
+    store->slots_.push_back(std::move(seg));
+  }
+  ASSIGN_OR_RETURN(store->control_,
+                   ShmSegment::Create(name, kControlBytes, options.replace_existing));
+  // The new object is zero-filled, which is a valid initial state for every
+  // atomic (empty slots, seq 0, no pins, no writer).
+  auto* block = new (store->control_->data()) ControlBlock;
+  block->version = kControlVersion;
+  block->num_slots = static_cast<uint32_t>(options.num_slots);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::memcpy(block->magic, kControlMagic, sizeof(kControlMagic));
+  store->block_ = block;
+  store->num_slots_ = options.num_slots;
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<SlotStore>> SlotStore::Open(const std::string& name,
+                                                           bool prefault) {
+  std::unique_ptr<SlotStore> store(new SlotStore(name, /*owner=*/false, prefault));
+  ASSIGN_OR_RETURN(store->control_, ShmSegment::Open(name));
+  if (store->control_->size() < kControlBytes ||
+      std::memcmp(store->control_->data(), kControlMagic, sizeof(kControlMagic)) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory '", name, "' is not a Ballast checkpoint store"));
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  auto* block = reinterpret_cast<ControlBlock*>(store->control_->data());
+  if (block->version != kControlVersion || block->num_slots < 2 || block->num_slots > kMaxSlots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint store '", name, "' has control version ", block->version,
+        " / ", block->num_slots, " slots; agent and worker run different Ballast versions"));
+  }
+  store->block_ = block;
+  store->num_slots_ = static_cast<int>(block->num_slots);
+  for (int i = 0; i < store->num_slots_; ++i) {
+    ASSIGN_OR_RETURN(auto seg, ShmSegment::Open(SlotName(name, i)));
+    if (prefault) RETURN_IF_ERROR(seg->Prefault(0, seg->size()));
+    store->slots_.push_back(std::move(seg));
+  }
+  return store;
+}
+
+absl::Status SlotStore::AcquireWriter() {
+  if (writer_) return absl::OkStatus();
+  int32_t holder = block_->writer_pid.load();
+  while (true) {
+    if (holder == pid_) break;
+    if (holder != 0 && ProcessAlive(holder)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint store '", name_, "' is already written by live process ", holder,
+          "; only one worker per local rank may save"));
+    }
+    // Free, or the holder died (e.g. a worker killed mid-save): take over.
+    if (block_->writer_pid.compare_exchange_weak(holder, pid_)) break;
+  }
+  writer_ = true;
+  return absl::OkStatus();
+}
+
+bool SlotStore::HasLivePin(SlotControl& c) {
+  bool live = false;
+  for (auto& cell : c.pins) {
+    int32_t pid = cell.load();  // seq_cst: the Dekker handshake with Pin()
+    if (pid == 0) continue;
+    if (ProcessAlive(pid)) {
+      live = true;
+    } else {
+      cell.compare_exchange_strong(pid, 0);  // a reader died holding the pin
+    }
+  }
+  return live;
+}
+
+absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_bytes) {
+  RETURN_IF_ERROR(AcquireWriter());
+  // Rank candidates: slots that are not the newest committed one first
+  // (empty or torn before committed, older commits before newer), the newest
+  // committed slot last (used only when all others are pinned).
+  struct Cand {
+    int slot;
+    uint64_t rank;
+  };
+  std::vector<Cand> cands;
+  int newest = -1;
+  uint64_t newest_order = 0;
+  for (int i = 0; i < num_slots_; ++i) {
+    SlotControl& c = slot_control(i);
+    const uint64_t seq = c.seq.load(std::memory_order_acquire);
+    const bool committed =
+        seq % 2 == 0 && c.state.load() == static_cast<uint32_t>(SlotState::kCommitted);
+    const uint64_t order = committed ? c.commit_order.load() : 0;
+    if (committed && (newest < 0 || order > newest_order)) {
+      newest = i;
+      newest_order = order;
+    }
+    cands.push_back({i, order});
+  }
+  std::sort(cands.begin(), cands.end(), [&](const Cand& a, const Cand& b) {
+    const bool an = a.slot == newest, bn = b.slot == newest;
+    if (an != bn) return !an;
+    return a.rank < b.rank;
+  });
+  for (const Cand& cand : cands) {
+    SlotControl& c = slot_control(cand.slot);
+    if (HasLivePin(c)) continue;
+    // Only the writer changes seq, so this load is stable.
+    const uint64_t old_seq = c.seq.load(std::memory_order_relaxed);
+    const uint64_t held = old_seq % 2 == 0 ? old_seq + 1 : old_seq + 2;
+    // Odd seq first (seq_cst), then look at the pins again (seq_cst): see
+    // point 4 of the header comment.
+    c.seq.store(held);
+    if (HasLivePin(c)) {
+      // A reader pinned it in between; nothing was written yet, so the slot
+      // is still intact: restore it (to a new even seq if it was committed).
+      c.seq.store(old_seq % 2 == 0 ? old_seq + 2 : held);
+      continue;
+    }
+    c.state.store(static_cast<uint32_t>(SlotState::kWriting), std::memory_order_relaxed);
+    SlotWrite w;
+    w.slot_ = cand.slot;
+    w.step_ = step;
+    w.seq_ = held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ShmSegment& seg = *slots_[cand.slot];
+      if (seg.size() < image_bytes) {
+        const uint64_t want = (image_bytes + kGrowGranularity - 1) / kGrowGranularity *
+                              kGrowGranularity;
+        absl::Status s = seg.EnsureCapacity(want, prefault_);
+        if (!s.ok()) {
+          c.state.store(static_cast<uint32_t>(SlotState::kEmpty), std::memory_order_relaxed);
+          return s;
+        }
+      }
+      w.mapping_ = seg.mapping();
+    }
+    return w;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "every slot of checkpoint store '", name_,
+      "' is pinned by a reader (persisting or restoring); save of step ", step, " skipped"));
+}
+
+absl::Status SlotStore::Commit(SlotWrite* w, uint64_t image_bytes) {
+  if (w == nullptr || w->slot_ < 0) return absl::FailedPreconditionError("no save in progress");
+  if (image_bytes > w->capacity()) {
+    return absl::InvalidArgumentError("image larger than the slot");
+  }
+  SlotControl& c = slot_control(w->slot_);
+  // The image bytes were written with plain stores; everything below is
+  // published by the release store of the even seq at the end.
+  c.step.store(w->step_, std::memory_order_relaxed);
+  c.image_bytes.store(image_bytes, std::memory_order_relaxed);
+  c.commit_order.store(block_->commit_counter.fetch_add(1) + 1, std::memory_order_relaxed);
+  c.state.store(static_cast<uint32_t>(SlotState::kCommitted), std::memory_order_relaxed);
+  c.seq.store(w->seq_ + 1, std::memory_order_release);
+  w->slot_ = -1;
+  w->mapping_.reset();
+  return absl::OkStatus();
+}
+
+void SlotStore::Abort(SlotWrite* w) {
+  if (w == nullptr || w->slot_ < 0) return;
+  SlotControl& c = slot_control(w->slot_);
+  c.state.store(static_cast<uint32_t>(SlotState::kEmpty), std::memory_order_relaxed);
+  c.seq.store(w->seq_ + 1, std::memory_order_release);
+  w->slot_ = -1;
+  w->mapping_.reset();
+}
+
+absl::StatusOr<PinnedSlot> SlotStore::PinLatest() { return Pin(std::nullopt); }
+absl::StatusOr<PinnedSlot> SlotStore::PinStep(uint64_t step) { return Pin(step); }
+
+absl::StatusOr<PinnedSlot> SlotStore::Pin(std::optional<uint64_t> want_step) {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    // Pick the newest committed slot (or the one holding want_step) from a
+    // consistent read of each slot's control fields.
+    int best = -1;
+    uint64_t best_order = 0, best_seq = 0, best_step = 0, best_bytes = 0;
+    for (int i = 0; i < num_slots_; ++i) {
+      SlotControl& c = slot_control(i);
+      const uint64_t s1 = c.seq.load(std::memory_order_acquire);
+      if (s1 % 2 != 0) continue;
+      const uint32_t state = c.state.load(std::memory_order_relaxed);
+      const uint64_t step = c.step.load(std::memory_order_relaxed);
+      const uint64_t bytes = c.image_bytes.load(std::memory_order_relaxed);
+      const uint64_t order = c.commit_order.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (c.seq.load(std::memory_order_relaxed) != s1) continue;
+      if (state != static_cast<uint32_t>(SlotState::kCommitted)) continue;
+      if (want_step.has_value() && step != *want_step) continue;
+      if (best < 0 || order > best_order) {
+        best = i;
+        best_order = order;
+        best_seq = s1;
+        best_step = step;
+        best_bytes = bytes;
+      }
+    }
+    if (best < 0) {
+      return absl::NotFoundError(
+          want_step.has_value()
+              ? absl::StrCat("step ", *want_step, " is not in checkpoint store '", name_, "'")
+              : absl::StrCat("checkpoint store '", name_, "' holds no committed step"));
+    }
+    SlotControl& c = slot_control(best);
+    int cell = -1;
+    for (int k = 0; k < kPinCells && cell < 0; ++k) {
+      int32_t expected = 0;
+      if (c.pins[k].compare_exchange_strong(expected, pid_)) cell = k;  // seq_cst
+    }
+    if (cell < 0) {
+      HasLivePin(c);  // clears pins of dead readers
+      continue;
+    }
+    // seq_cst load after the seq_cst CAS: if the writer has not made seq odd
+    // yet, it will see our pin (point 4 of the header comment).
+    if (c.seq.load() != best_seq) {
+      c.pins[cell].store(0);
+      continue;
+    }
+    PinnedSlot pin;
+    pin.store_ = this;
+    pin.slot_ = best;
+    pin.pin_cell_ = cell;
+    pin.step_ = best_step;
+    pin.image_bytes_ = best_bytes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ShmSegment& seg = *slots_[best];
+      if (seg.size() < best_bytes) {
+        // The writer (another process) grew the slot: map the new size.
+        absl::Status s = seg.Refresh(prefault_);
+        if (!s.ok()) {
+          pin.Release();
+          return s;
+        }
+      }
+      if (seg.size() < best_bytes) {
+        pin.Release();
+        return absl::DataLossError(absl::StrCat("checkpoint slot ", SlotName(name_, best),
+                                                " is smaller than its committed image"));
+      }
+      pin.mapping_ = seg.mapping();
+    }
+    return pin;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("could not pin a slot of checkpoint store '", name_, "' (contention)"));
+}
+
+void SlotStore::Unpin(int slot, int cell) {
+  int32_t me = pid_;
+  slot_control(slot).pins[cell].compare_exchange_strong(me, 0);
+}
+
+std::vector<SlotInfo> SlotStore::Inspect() const {
+  std::vector<SlotInfo> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < num_slots_; ++i) {
+    SlotControl& c = slot_control(i);
+    SlotInfo info;
+    info.slot = i;
+    info.seq = c.seq.load();
+    info.state = static_cast<SlotState>(c.state.load());
+    if (info.seq % 2 != 0) info.state = SlotState::kWriting;
+    info.step = c.step.load();
+    info.image_bytes = c.image_bytes.load();
+    info.commit_order = c.commit_order.load();
+    info.capacity = slots_[i]->size();
+    for (auto& p : c.pins) {
+      if (int32_t pid = p.load(); pid != 0) info.pins.push_back(pid);
+    }
+    out.push_back(info);
+  }
+  return out;
+}
+
+}  // namespace ballast::ckpt

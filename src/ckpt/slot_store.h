@@ -1,0 +1,200 @@
+// SlotStore: the shared-memory side of flash checkpoint for one local rank.
+//
+// Objects (POSIX shm under /dev/shm), all created and owned by the agent so
+// they survive a worker's death, and opened by the worker:
+//   <name>      control block (4 KiB): per-slot seqlock, state, step, size
+//   <name>.s<i> slot i (i < num_slots, default 2): one checkpoint image in the
+//               format of format.h; grows when a larger state arrives
+// (One object per slot instead of one big segment, so a slot grows by
+// ftruncate without moving the other slot's committed data.)
+//
+// Roles:
+//  - one writer (the worker; enforced by a writer pid in the control block,
+//    taken over from a dead holder): BeginSave -> write image -> Commit;
+//  - readers (the agent's persister, a restoring worker) Pin a committed slot.
+//    A pin is a reader's pid in one of the slot's pin cells; a pinned slot is
+//    never chosen by the writer, so a save never waits for persistence and the
+//    persister reads the bytes in place without a copy.
+//
+// Crash-safety reasoning (order of writes):
+//  1. BeginSave never picks the newest committed slot while another slot is
+//     free, so the newest complete step survives any crash during a save.
+//  2. BeginSave makes the slot's seq odd *before* the first byte of the image
+//     is touched; readers never accept an odd seq. A writer killed mid-save
+//     leaves seq odd forever (until the next writer reuses the slot), so the
+//     torn image is never read.
+//  3. Commit writes step/size/order while seq is still odd, then makes seq even
+//     with a release store; a reader loads seq with acquire, reads the fields,
+//     and re-checks seq, so it sees a consistent (step, size, image) or retries.
+//  4. Writer vs pin is a Dekker handshake on seq_cst atomics: the writer stores
+//     odd seq then checks the pins; a pinner CASes a pin then re-checks seq.
+//     At least one of them sees the other and backs off, so the writer never
+//     writes into a pinned slot.
+//  5. Pins and the writer lock hold pids; a holder that died (kill(pid, 0) ==
+//     ESRCH) is cleared, so a crashed reader cannot block a slot forever.
+//  6. The image itself carries header/index/data checksums, verified on restore.
+// If every slot other than the newest committed one is pinned, the writer
+// overwrites the newest committed slot (the pinned older step is still whole
+// and being made durable) rather than wait; with num_slots = 3 that never
+// happens with a single persister.
+//
+// Thread safety: a SlotStore may be shared by threads of one process (a mutex
+// guards the mappings); BeginSave/Commit must come from one thread at a time.
+// PinnedSlot and SlotWrite must not outlive their SlotStore.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckpt/shm_segment.h"
+
+namespace ballast::ckpt {
+
+struct ControlBlock;
+struct SlotControl;
+class SlotStore;
+
+struct SlotStoreOptions {
+  // Number of image slots (2..4). 2 lets a save proceed while the previous
+  // step is persisted; 3 also keeps the newest in-memory step while an older
+  // one is still being persisted.
+  int num_slots = 2;
+  // Initial capacity of each slot in bytes (slots grow on demand).
+  uint64_t initial_slot_bytes = 0;
+  // Prefault the mapped pages of every slot (on create, open and growth).
+  bool prefault = true;
+  // Create(): replace a stale object of the same name left by a crashed agent.
+  bool replace_existing = true;
+};
+
+enum class SlotState : uint32_t { kEmpty = 0, kWriting = 1, kCommitted = 2 };
+
+// What Inspect() reports about one slot (a racy snapshot, for logs and tests).
+struct SlotInfo {
+  int slot = 0;
+  SlotState state = SlotState::kEmpty;
+  uint64_t seq = 0;
+  uint64_t step = 0;
+  uint64_t image_bytes = 0;
+  uint64_t commit_order = 0;
+  uint64_t capacity = 0;
+  std::vector<pid_t> pins;
+};
+
+// A slot being written. Obtained from BeginSave; finished by Commit or Abort.
+class SlotWrite {
+ public:
+  SlotWrite() = default;
+  SlotWrite(SlotWrite&&) = default;
+  SlotWrite& operator=(SlotWrite&&) = default;
+  int slot() const { return slot_; }
+  uint64_t step() const { return step_; }
+  uint8_t* image() const { return mapping_->data(); }
+  uint64_t capacity() const { return mapping_->size(); }
+
+ private:
+  friend class SlotStore;
+  int slot_ = -1;
+  uint64_t step_ = 0;
+  uint64_t seq_ = 0;  // the odd seq this write holds
+  std::shared_ptr<Mapping> mapping_;
+};
+
+// A committed slot pinned against overwriting; unpinned on destruction.
+class PinnedSlot {
+ public:
+  PinnedSlot() = default;
+  PinnedSlot(PinnedSlot&& other) noexcept;
+  PinnedSlot& operator=(PinnedSlot&& other) noexcept;
+  PinnedSlot(const PinnedSlot&) = delete;
+  PinnedSlot& operator=(const PinnedSlot&) = delete;
+  ~PinnedSlot() { Release(); }
+
+  int slot() const { return slot_; }
+  uint64_t step() const { return step_; }
+  const uint8_t* image() const { return mapping_->data(); }
+  uint64_t image_bytes() const { return image_bytes_; }
+  // Keeps the mapping alive as long as the caller holds it.
+  const std::shared_ptr<Mapping>& mapping() const { return mapping_; }
+  bool valid() const { return store_ != nullptr; }
+  void Release();
+
+ private:
+  friend class SlotStore;
+  SlotStore* store_ = nullptr;
+  int slot_ = -1;
+  int pin_cell_ = -1;
+  uint64_t step_ = 0;
+  uint64_t image_bytes_ = 0;
+  std::shared_ptr<Mapping> mapping_;
+};
+
+class SlotStore {
+ public:
+  static constexpr int kMaxSlots = 4;
+  static constexpr int kPinCells = 8;
+
+  // Agent side: creates the control block and slots; the store owns the names
+  // and unlinks them when destroyed.
+  static absl::StatusOr<std::unique_ptr<SlotStore>> Create(const std::string& name,
+                                                           const SlotStoreOptions& options = {});
+  // Worker (or other reader) side: opens an existing store.
+  static absl::StatusOr<std::unique_ptr<SlotStore>> Open(const std::string& name,
+                                                         bool prefault = true);
+  ~SlotStore();
+
+  // Writer: picks a slot for `step` (see the header comment), grows it to
+  // image_bytes, and marks it writing. kFailedPrecondition if another live
+  // process is the writer; kUnavailable if every slot is pinned.
+  absl::StatusOr<SlotWrite> BeginSave(uint64_t step, uint64_t image_bytes);
+  // Publishes the slot: image[0, image_bytes) must hold a complete image whose
+  // header is written. After Commit returns, readers see this step.
+  absl::Status Commit(SlotWrite* write, uint64_t image_bytes);
+  // Gives up a write; the slot becomes empty.
+  void Abort(SlotWrite* write);
+
+  // Reader: pins the newest committed slot (kNotFound when none), or the slot
+  // holding `step`.
+  absl::StatusOr<PinnedSlot> PinLatest();
+  absl::StatusOr<PinnedSlot> PinStep(uint64_t step);
+
+  std::vector<SlotInfo> Inspect() const;
+  const std::string& name() const { return name_; }
+  int num_slots() const { return num_slots_; }
+  bool owner() const { return owner_; }
+
+  // Names of the shm objects of a store called `name`.
+  static std::string SlotName(const std::string& name, int slot);
+
+ private:
+  SlotStore(std::string name, bool owner, bool prefault);
+  absl::Status AcquireWriter();
+  absl::StatusOr<PinnedSlot> Pin(std::optional<uint64_t> step);
+  bool HasLivePin(SlotControl& c);
+  void Unpin(int slot, int cell);
+  SlotControl& slot_control(int i) const;
+
+  const std::string name_;
+  const bool owner_;
+  const bool prefault_;
+  int num_slots_ = 0;
+  pid_t pid_;
+  bool writer_ = false;
+  std::unique_ptr<ShmSegment> control_;
+  ControlBlock* block_ = nullptr;
+  mutable std::mutex mu_;  // guards the slot segments' mappings
+  std::vector<std::unique_ptr<ShmSegment>> slots_ ABSL_GUARDED_BY(mu_);
+
+  friend class PinnedSlot;
+};
+
+}  // namespace ballast::ckpt

@@ -1,0 +1,359 @@
+#include "ckpt/slot_store.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ballast::ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using test_util::State;
+using test_util::UniqueShmName;
+
+WriterOptions Opts(int threads, uint64_t threshold = kDefaultParallelCopyThreshold,
+                   uint64_t chunk = 4u << 20) {
+  WriterOptions o;
+  o.copy_threads = threads;
+  o.parallel_threshold_bytes = threshold;
+  o.chunk_bytes = chunk;
+  return o;
+}
+
+SlotStoreOptions StoreOpts(int slots, uint64_t initial = 0) {
+  SlotStoreOptions o;
+  o.num_slots = slots;
+  o.initial_slot_bytes = initial;
+  return o;
+}
+
+// A state whose every byte is derived from `step`, so a restored snapshot can
+// be checked against the step it claims to be.
+struct StepState {
+  std::vector<uint8_t> a, b;
+  std::vector<EntryView> views;
+  StepState(uint64_t step, uint64_t bytes) : a(bytes), b(1000) {
+    Fill(step);
+    views = {{"a", DType::kUInt8, {static_cast<int64_t>(bytes)}, a.data(), bytes},
+             {"b", DType::kBlob, {}, b.data(), b.size()}};
+  }
+  void Fill(uint64_t step) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(step * 31 + i);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(step + i * 3);
+  }
+};
+
+// Checks that a snapshot's bytes are exactly StepState(snap.step()).
+void ExpectMatchesStep(const Snapshot& snap, uint64_t bytes) {
+  StepState want(snap.step(), bytes);
+  ASSERT_EQ(snap.entries().size(), 2u);
+  ASSERT_EQ(snap.entries()[0].nbytes, bytes);
+  EXPECT_EQ(std::memcmp(snap.EntryData(0), want.a.data(), bytes), 0) << "step " << snap.step();
+  EXPECT_EQ(std::memcmp(snap.EntryData(1), want.b.data(), want.b.size()), 0);
+}
+
+TEST(CkptSlotStore, SaveThenRestoreRoundTrip) {
+  auto store = SlotStore::Create(UniqueShmName("rt"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  CheckpointWriter writer(store->get(), Opts(1));
+  State state;
+  state.Add("w", DType::kFloat32, {3, 7}, 1);
+  state.Add("extra", DType::kBlob, {}, 55, 2);
+  auto stats = writer.Save(10, state.views);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto snap = RestoreFromShm(store->get());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step(), 10u);
+  const Entry* w = snap->Find("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{3, 7}));
+  EXPECT_EQ(std::memcmp(snap->Data(*w), state.buffers[0].data(), 84), 0);
+}
+
+TEST(CkptSlotStore, EmptyStoreRestoreIsNotFound) {
+  auto store = SlotStore::Create(UniqueShmName("empty"));
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(RestoreFromShm(store->get()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CkptSlotStore, ParallelCopyGivesSameImageAsSingleThreaded) {
+  auto s1 = SlotStore::Create(UniqueShmName("p1"));
+  auto s4 = SlotStore::Create(UniqueShmName("p4"));
+  ASSERT_TRUE(s1.ok() && s4.ok());
+  State state;
+  state.Add("x", DType::kFloat32, {3, 1000, 1001}, 3);  // ~12 MB, not chunk aligned
+  state.Add("y", DType::kInt8, {13}, 4);
+  state.Add("z", DType::kBFloat16, {2000, 1500}, 5);
+  CheckpointWriter w1(s1->get(), Opts(1));
+  CheckpointWriter w4(s4->get(), Opts(4, 1, 1 << 20));
+  auto r1 = w1.Save(1, state.views);
+  auto r4 = w4.Save(1, state.views);
+  ASSERT_TRUE(r1.ok() && r4.ok());
+  EXPECT_EQ(r1->data_checksum, r4->data_checksum);
+  CopyPool pool(3);
+  RestoreOptions ro;
+  ro.pool = &pool;
+  auto snap = RestoreFromShm(s4->get(), ro);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  for (size_t i = 0; i < state.views.size(); ++i) {
+    EXPECT_EQ(std::memcmp(snap->EntryData(i), state.buffers[i].data(), state.views[i].nbytes), 0);
+  }
+}
+
+TEST(CkptSlotStore, WorkerGrowsSlotAndAgentRemaps) {
+  auto agent = SlotStore::Create(UniqueShmName("grow"), StoreOpts(2, 4096));
+  ASSERT_TRUE(agent.ok());
+  auto worker = SlotStore::Open((*agent)->name());
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  CheckpointWriter writer(worker->get(), Opts(2));
+  for (uint64_t step : {1, 2, 3}) {
+    StepState st(step, step * 3'000'000);
+    ASSERT_TRUE(writer.Save(step, st.views).ok());
+    auto snap = RestoreFromShm(agent->get());
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    EXPECT_EQ(snap->step(), step);
+    ExpectMatchesStep(*snap, step * 3'000'000);
+  }
+}
+
+TEST(CkptSlotStore, AlternatesSlotsAndNeverOverwritesNewestCommitted) {
+  auto store = SlotStore::Create(UniqueShmName("alt"));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(1));
+  StepState st(0, 100);
+  int prev_slot = -1;
+  for (uint64_t step = 1; step <= 6; ++step) {
+    st.Fill(step);
+    auto r = writer.Save(step, st.views);
+    ASSERT_TRUE(r.ok());
+    EXPECT_NE(r->slot, prev_slot) << "step " << step << " overwrote the newest committed slot";
+    prev_slot = r->slot;
+  }
+  // A save that is begun but not committed leaves the newest step readable.
+  auto w = (*store)->BeginSave(7, 1000);
+  ASSERT_TRUE(w.ok());
+  EXPECT_NE(w->slot(), prev_slot);
+  std::memset(w->image(), 0xAB, 1000);
+  auto snap = RestoreFromShm(store->get());
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(snap->step(), 6u);
+  ExpectMatchesStep(*snap, 100);
+}
+
+TEST(CkptSlotStore, SaveWhilePersistingGoesToTheOtherSlot) {
+  auto store = SlotStore::Create(UniqueShmName("pin"));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(1));
+  StepState st(1, 5000);
+  ASSERT_TRUE(writer.Save(1, st.views).ok());
+  // The persister pins step 1.
+  auto pin = (*store)->PinLatest();
+  ASSERT_TRUE(pin.ok());
+  EXPECT_EQ(pin->step(), 1u);
+  for (uint64_t step = 2; step <= 5; ++step) {
+    st.Fill(step);
+    auto r = writer.Save(step, st.views);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NE(r->slot, pin->slot()) << "a save wrote into the slot being persisted";
+  }
+  // The pinned slot still holds step 1, intact.
+  auto parsed = ParseImage(pin->image(), pin->image_bytes(), "pinned");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->header.step, 1u);
+  pin->Release();
+  auto snap = RestoreFromShm(store->get());
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(snap->step(), 5u);
+}
+
+TEST(CkptSlotStore, ThreeSlotsKeepNewestWhileOlderIsPersisted) {
+  auto store = SlotStore::Create(UniqueShmName("three"), StoreOpts(3));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(1));
+  StepState st(1, 100);
+  ASSERT_TRUE(writer.Save(1, st.views).ok());
+  auto pin = (*store)->PinLatest();
+  ASSERT_TRUE(pin.ok());
+  int last_slot = -1;
+  for (uint64_t step = 2; step <= 6; ++step) {
+    st.Fill(step);
+    auto r = writer.Save(step, st.views);
+    ASSERT_TRUE(r.ok());
+    EXPECT_NE(r->slot, pin->slot());
+    EXPECT_NE(r->slot, last_slot);  // newest committed never overwritten
+    last_slot = r->slot;
+  }
+}
+
+TEST(CkptSlotStore, AllSlotsPinnedMakesSaveUnavailable) {
+  auto store = SlotStore::Create(UniqueShmName("full"));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(1));
+  StepState st(1, 100);
+  ASSERT_TRUE(writer.Save(1, st.views).ok());
+  auto p1 = (*store)->PinLatest();
+  ASSERT_TRUE(writer.Save(2, st.views).ok());
+  auto p2 = (*store)->PinLatest();
+  ASSERT_TRUE(p1.ok() && p2.ok());
+  auto r = writer.Save(3, st.views);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("pinned"));
+}
+
+TEST(CkptSlotStore, SecondLiveWriterIsRefused) {
+  auto store = SlotStore::Create(UniqueShmName("writer"));
+  ASSERT_TRUE(store.ok());
+  auto w = (*store)->BeginSave(1, 100);
+  ASSERT_TRUE(w.ok());
+  pid_t child = fork();
+  if (child == 0) {
+    auto other = SlotStore::Open((*store)->name());
+    if (!other.ok()) _exit(2);
+    auto s = (*other)->BeginSave(2, 100);
+    _exit(s.status().code() == absl::StatusCode::kFailedPrecondition ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Crash injection: a writer process is SIGKILLed after writing half of a new
+// step into shared memory; the reader must get the previous complete step.
+TEST(CkptSlotStoreCrash, WriterKilledMidSaveLeavesPreviousStep) {
+  constexpr uint64_t kBytes = 8 << 20;
+  auto agent = SlotStore::Create(UniqueShmName("kill"));
+  ASSERT_TRUE(agent.ok());
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    auto worker = SlotStore::Open((*agent)->name());
+    if (!worker.ok()) _exit(2);
+    CheckpointWriter writer(worker->get(), Opts(2));
+    StepState st(1, kBytes);
+    if (!writer.Save(1, st.views).ok()) _exit(3);
+    // Step 2: begin, write half of the image, then tell the parent.
+    auto w = (*worker)->BeginSave(2, kBytes * 2);
+    if (!w.ok()) _exit(4);
+    std::memset(w->image(), 0x5A, kBytes);
+    char c = 'x';
+    if (write(fds[1], &c, 1) != 1) _exit(5);
+    pause();
+    _exit(6);
+  }
+  close(fds[1]);
+  char c;
+  ASSERT_EQ(read(fds[0], &c, 1), 1);
+  close(fds[0]);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  auto snap = RestoreFromShm(agent->get());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step(), 1u);
+  ExpectMatchesStep(*snap, kBytes);
+  snap = absl::NotFoundError("release the pin");
+
+  // A restarted writer takes over from the dead one and reuses the torn slot.
+  CheckpointWriter writer(agent->get(), Opts(2));
+  StepState st(3, kBytes);
+  ASSERT_TRUE(writer.Save(3, st.views).ok());
+  snap = RestoreFromShm(agent->get());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step(), 3u);
+  ExpectMatchesStep(*snap, kBytes);
+}
+
+// A writer saving continuously is SIGKILLed at arbitrary moments; every time,
+// the restore yields a complete, checksum-valid step that matches its bytes.
+TEST(CkptSlotStoreCrash, RandomKillsNeverExposeATornStep) {
+  constexpr uint64_t kBytes = 6 << 20;
+  auto agent = SlotStore::Create(UniqueShmName("rkill"));
+  ASSERT_TRUE(agent.ok());
+  uint64_t last_seen = 0;
+  for (int round = 0; round < 12; ++round) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t child = fork();
+    if (child == 0) {
+      close(fds[0]);
+      auto worker = SlotStore::Open((*agent)->name());
+      if (!worker.ok()) _exit(2);
+      CheckpointWriter writer(worker->get(), Opts(2, 1));
+      StepState st(0, kBytes);
+      for (uint64_t step = 1000 * (round + 1);; ++step) {
+        st.Fill(step);
+        if (!writer.Save(step, st.views).ok()) _exit(3);
+        if (step == 1000u * (round + 1)) {
+          char c = 'x';
+          if (write(fds[1], &c, 1) != 1) _exit(5);
+        }
+      }
+    }
+    close(fds[1]);
+    char c;
+    ASSERT_EQ(read(fds[0], &c, 1), 1);
+    close(fds[0]);
+    usleep(1000 + round * 2777);  // land somewhere in a later save
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited early: " << status;
+    auto snap = RestoreFromShm(agent->get());
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    EXPECT_GE(snap->step(), 1000u * (round + 1));
+    EXPECT_GT(snap->step(), last_seen);
+    last_seen = snap->step();
+    ExpectMatchesStep(*snap, kBytes);
+  }
+}
+
+// Readers pin and verify while a writer saves as fast as it can.
+TEST(CkptSlotStore, ConcurrentReadersOnlySeeCommittedSteps) {
+  constexpr uint64_t kBytes = 1 << 20;
+  auto store = SlotStore::Create(UniqueShmName("conc"), StoreOpts(3));
+  ASSERT_TRUE(store.ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0};
+  std::thread writer_thread([&] {
+    CheckpointWriter writer(store->get(), Opts(1));
+    StepState st(0, kBytes);
+    for (uint64_t step = 1; !stop.load(); ++step) {
+      st.Fill(step);
+      auto r = writer.Save(step, st.views);
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+      }
+    }
+  });
+  auto reader = [&] {
+    while (reads.load() < 300) {
+      auto snap = RestoreFromShm(store->get());
+      if (!snap.ok()) {
+        ASSERT_EQ(snap.status().code(), absl::StatusCode::kNotFound) << snap.status();
+        continue;
+      }
+      ExpectMatchesStep(*snap, kBytes);
+      reads.fetch_add(1);
+    }
+  };
+  std::thread r1(reader), r2(reader);
+  r1.join();
+  r2.join();
+  stop = true;
+  writer_thread.join();
+}
+
+}  // namespace
+}  // namespace ballast::ckpt

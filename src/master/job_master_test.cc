@@ -1,0 +1,665 @@
+#include "master/job_master.h"
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ballast::master {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+class JobMasterTest : public ::testing::Test {
+ protected:
+  JobMasterOptions Options(int min_nodes, int max_nodes, int node_unit = 1, int max_restarts = 3) {
+    JobMasterOptions o;
+    o.job_id = "job1";
+    o.min_nodes = min_nodes;
+    o.max_nodes = max_nodes;
+    o.node_unit = node_unit;
+    o.max_restarts = max_restarts;
+    o.last_call_s = 2.0;
+    o.heartbeat_interval_s = 1.0;
+    o.heartbeat_timeout_s = 5.0;
+    o.wait_for_nodes_s = 30.0;
+    o.clock = &clock_;
+    o.on_node_lost = [this](const std::string& id, const std::string& reason) {
+      lost_.emplace_back(id, reason);
+    };
+    return o;
+  }
+  void Make(const JobMasterOptions& o) {
+    ASSERT_TRUE(ValidateJobMasterOptions(o).ok());
+    jm_ = std::make_unique<JobMaster>(o);
+  }
+
+  absl::StatusOr<v1::JoinResponse> Join(const std::string& id, int hint = -1, int lws = 1) {
+    v1::JoinRequest req;
+    req.mutable_node()->set_node_id(id);
+    req.mutable_node()->set_node_rank_hint(hint);
+    req.mutable_node()->set_local_world_size(lws);
+    req.mutable_node()->set_host(id + ".host");
+    auto r = jm_->Join(req);
+    if (r.ok()) live_.insert(id);
+    return r;
+  }
+
+  void Add(const std::string& id, int hint = -1, int lws = 1) {
+    auto r = Join(id, hint, lws);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  // Every decision the node's Watch stream has to deliver now (opens the
+  // stream on first use).
+  std::vector<v1::Decision> Drain(const std::string& id) {
+    if (handles_.count(id) == 0) {
+      auto h = jm_->OpenWatch(id);
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) return {};
+      handles_[id] = *h;
+    }
+    std::vector<v1::Decision> out;
+    while (true) {
+      auto next = jm_->NextDecision(handles_[id], 0);
+      if (!next.ok() || !next->has_value()) break;
+      out.push_back(**next);
+    }
+    return out;
+  }
+  v1::Decision Last(const std::string& id) {
+    auto all = Drain(id);
+    return all.empty() ? v1::Decision() : all.back();
+  }
+
+  // Advances the fake clock in 0.5 s steps; live nodes heartbeat each step.
+  void Advance(double seconds) {
+    for (double t = 0; t < seconds - 1e-9; t += 0.5) {
+      double step = std::min(0.5, seconds - t);
+      clock_.Advance(step);
+      for (const auto& id : live_) (void)jm_->Heartbeat(HeartbeatFor(id));
+      jm_->Tick();
+    }
+  }
+  static v1::HeartbeatRequest HeartbeatFor(const std::string& id) {
+    v1::HeartbeatRequest hb;
+    hb.set_node_id(id);
+    return hb;
+  }
+
+  absl::Status Fail(const std::string& id, int64_t round, int global_rank = 0, int exit_code = 1) {
+    v1::FailureReport r;
+    r.set_node_id(id);
+    r.set_round(round);
+    r.set_global_rank(global_rank);
+    r.set_local_rank(0);
+    r.set_exit_code(exit_code);
+    r.set_stderr_tail("line one\nValueError: bad batch\n");
+    return jm_->ReportFailure(r);
+  }
+  absl::Status Done(const std::string& id, int64_t round) {
+    v1::WorkersDoneRequest r;
+    r.set_node_id(id);
+    r.set_round(round);
+    return jm_->ReportWorkersDone(r);
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<JobMaster> jm_;
+  std::set<std::string> live_;
+  std::map<std::string, JobMaster::WatchHandle> handles_;
+  std::vector<std::pair<std::string, std::string>> lost_;
+};
+
+TEST_F(JobMasterTest, InitialRoundStartsAtMaxNodesWithRanks) {
+  Make(Options(2, 2));
+  ASSERT_TRUE(Join("a", -1, 2).ok());
+  EXPECT_TRUE(Last("a").has_wait());
+  EXPECT_EQ(jm_->Status().state(), "rendezvous");
+  ASSERT_TRUE(Join("b", 0, 3).ok());
+  v1::Decision da = Last("a"), db = Last("b");
+  ASSERT_TRUE(da.has_start_round());
+  ASSERT_TRUE(db.has_start_round());
+  const v1::StartRound& a = da.start_round();
+  const v1::StartRound& b = db.start_round();
+  EXPECT_EQ(a.round(), 1);
+  EXPECT_EQ(b.round(), 1);
+  // b has the hint, so it is group rank 0.
+  EXPECT_EQ(b.group_rank(), 0);
+  EXPECT_EQ(b.rank_offset(), 0);
+  EXPECT_EQ(a.group_rank(), 1);
+  EXPECT_EQ(a.rank_offset(), 3);
+  EXPECT_EQ(a.world_size(), 5);
+  EXPECT_EQ(a.group_world_size(), 2);
+  EXPECT_EQ(a.restart_count(), 0);
+  EXPECT_EQ(a.max_restarts(), 3);
+  EXPECT_EQ(a.run_id(), "job1");
+  ASSERT_EQ(a.members_size(), 2);
+  EXPECT_EQ(a.members(0).node_id(), "b");
+  EXPECT_EQ(a.members(1).host(), "a.host");
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.state(), "running");
+  EXPECT_EQ(st.round(), 1);
+  EXPECT_EQ(st.world_size(), 5);
+  ASSERT_EQ(st.nodes_size(), 2);
+  EXPECT_EQ(st.nodes(0).node_id(), "b");
+  EXPECT_EQ(st.nodes(0).state(), "training");
+}
+
+TEST_F(JobMasterTest, InitialRoundAtMinWaitsForLastCall) {
+  Make(Options(2, 4));
+  ASSERT_TRUE(Join("a").ok());
+  ASSERT_TRUE(Join("b").ok());
+  Advance(1.5);
+  EXPECT_TRUE(Last("a").has_wait());
+  EXPECT_EQ(jm_->Status().state(), "rendezvous");
+  Advance(0.5);
+  EXPECT_TRUE(Last("a").has_start_round());
+  EXPECT_EQ(jm_->Status().round(), 1);
+}
+
+TEST_F(JobMasterTest, JoinResponseCarriesMasterSettings) {
+  Make(Options(2, 2));
+  auto r = Join("a");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->job_id(), "job1");
+  EXPECT_EQ(r->spec().min_nodes(), 2);
+  EXPECT_EQ(r->spec().max_restarts(), 3);
+  EXPECT_DOUBLE_EQ(r->heartbeat_timeout_s(), 5.0);
+}
+
+TEST_F(JobMasterTest, RestartInPlaceIncrementsRestartCountAndRound) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  ASSERT_TRUE(Fail("b", 1, 1, 7).ok());
+  for (const char* id : {"a", "b"}) {
+    v1::Decision d = Last(id);
+    ASSERT_TRUE(d.has_start_round()) << id;
+    EXPECT_EQ(d.start_round().round(), 2);
+    EXPECT_EQ(d.start_round().restart_count(), 1);
+  }
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.restart_count(), 1);
+  EXPECT_EQ(st.round(), 2);
+  EXPECT_EQ(st.last_failure().node_id(), "b");
+  EXPECT_EQ(st.last_failure().exit_code(), 7);
+  EXPECT_EQ(st.last_failure().cause(), "exit code 7");
+}
+
+TEST_F(JobMasterTest, MaxRestartsExhaustedFailsWithRankExitCodeAndStderr) {
+  Make(Options(2, 2, 1, /*max_restarts=*/1));
+  Add("a");
+  Add("b");
+  ASSERT_TRUE(Fail("a", 1).ok());
+  ASSERT_TRUE(Fail("b", 2, /*global_rank=*/1, /*exit_code=*/7).ok());
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_job_finished());
+  EXPECT_FALSE(d.job_finished().succeeded());
+  const std::string& msg = d.job_finished().message();
+  EXPECT_THAT(msg, HasSubstr("worker rank 1"));
+  EXPECT_THAT(msg, HasSubstr("node b (host b.host)"));
+  EXPECT_THAT(msg, HasSubstr("exit code 7"));
+  EXPECT_THAT(msg, HasSubstr("used 1 of 1 restarts"));
+  EXPECT_THAT(msg, EndsWith("line one\nValueError: bad batch"));
+  EXPECT_TRUE(Last("b").has_job_finished());
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.state(), "failed");
+  EXPECT_EQ(st.message(), msg);
+  ASSERT_TRUE(jm_->outcome().has_value());
+  EXPECT_FALSE(jm_->outcome()->succeeded);
+  EXPECT_EQ(jm_->outcome()->restart_count, 1);
+  // The other rank's report of the same round is logged and ignored.
+  EXPECT_TRUE(Fail("a", 2).ok());
+  EXPECT_EQ(jm_->Status().round(), 2);
+  // Nobody joins a finished job.
+  auto late = Join("c");
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.status().message(), HasSubstr("job already finished"));
+}
+
+TEST_F(JobMasterTest, StaleRoundReportIsAbortedAndChangesNothing) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  ASSERT_TRUE(Fail("a", 1).ok());
+  Drain("a");
+  Drain("b");
+  absl::Status s = Fail("b", 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.message(), "stale round 1 (current is 2)");
+  EXPECT_EQ(Done("b", 1).code(), absl::StatusCode::kAborted);
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 2);
+  EXPECT_EQ(st.restart_count(), 1);
+  EXPECT_EQ(st.state(), "running");
+  EXPECT_TRUE(Drain("a").empty());
+}
+
+TEST_F(JobMasterTest, DisconnectedAgentIsLostAfterGraceBeforeHeartbeatTimeout) {
+  auto o = Options(1, 2);
+  o.disconnect_grace_s = 1.0;
+  Make(o);
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  jm_->CloseWatch(handles_["b"]);  // b's agent died: its connection closed
+  Advance(1.0);                     // b still "heartbeats" here: the stream decides
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().round(), 2);
+  EXPECT_EQ(d.start_round().group_world_size(), 1);
+  ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_EQ(lost_[0].first, "b");
+  EXPECT_THAT(lost_[0].second, HasSubstr("agent disconnected"));
+}
+
+TEST_F(JobMasterTest, ReconnectWithinGraceKeepsNode) {
+  auto o = Options(1, 2);
+  o.disconnect_grace_s = 1.0;
+  Make(o);
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  jm_->CloseWatch(handles_["b"]);
+  handles_.erase("b");
+  Advance(0.5);
+  Drain("b");  // reopens the stream
+  Advance(2.0);
+  EXPECT_TRUE(lost_.empty());
+  EXPECT_EQ(jm_->Status().round(), 1);
+}
+
+TEST_F(JobMasterTest, FailureCausedByLostNodeIsNotCountedAsRestart) {
+  auto o = Options(1, 2);
+  o.disconnect_grace_s = 1.0;
+  Make(o);
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  jm_->CloseWatch(handles_["b"]);       // b's agent was killed...
+  ASSERT_TRUE(Fail("a", 1, 0, 1).ok());  // ...so a's worker fails in the collective
+  EXPECT_TRUE(Drain("a").empty());       // held while b is disconnected
+  Advance(1.0);
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().group_world_size(), 1);
+  EXPECT_EQ(d.start_round().restart_count(), 0);
+  EXPECT_EQ(jm_->Status().restart_count(), 0);
+  EXPECT_EQ(jm_->Status().round(), 2);
+}
+
+TEST_F(JobMasterTest, HeldFailureRestartsOnceDisconnectedPeerIsBack) {
+  auto o = Options(2, 2);
+  o.disconnect_grace_s = 1.0;
+  Make(o);
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  jm_->CloseWatch(handles_["b"]);
+  handles_.erase("b");
+  ASSERT_TRUE(Fail("a", 1, 0, 1).ok());
+  Advance(0.5);
+  EXPECT_TRUE(Drain("a").empty());
+  Drain("b");  // b reconnects: the failure was a real one
+  Advance(0.5);
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().restart_count(), 1);
+  EXPECT_EQ(jm_->Status().restart_count(), 1);
+}
+
+TEST_F(JobMasterTest, FailureSettleDelaysTheDecision) {
+  auto o = Options(2, 2);
+  o.failure_settle_s = 0.5;
+  Make(o);
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  ASSERT_TRUE(Fail("b", 1, 1, 7).ok());
+  EXPECT_TRUE(Drain("a").empty());
+  Advance(0.5);
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().restart_count(), 1);
+}
+
+TEST_F(JobMasterTest, ScaleDownOnHeartbeatTimeoutStartsNewRoundAtOnce) {
+  Make(Options(2, 3));
+  Add("a");
+  Add("b");
+  Add("c");
+  EXPECT_EQ(jm_->Status().round(), 1);
+  Drain("a");
+  live_.erase("c");  // c's agent goes silent
+  Advance(5.5);
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().round(), 2);
+  EXPECT_EQ(d.start_round().group_world_size(), 2);
+  EXPECT_EQ(d.start_round().restart_count(), 0);  // membership changes are free
+  EXPECT_THAT(lost_, ElementsAre(Pair("c", "heartbeat timeout")));
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.restart_count(), 0);
+  EXPECT_EQ(st.state(), "running");
+  ASSERT_EQ(st.nodes_size(), 3);
+  EXPECT_EQ(st.nodes(2).node_id(), "c");
+  EXPECT_EQ(st.nodes(2).state(), "dead");
+  EXPECT_EQ(jm_->Heartbeat(HeartbeatFor("c")).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobMasterTest, BelowMinStopsWaitsThenFailsAfterWaitForNodes) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Drain("a");
+  live_.erase("b");
+  Advance(5.5);
+  std::vector<v1::Decision> ds = Drain("a");
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_TRUE(ds[0].has_stop_workers());
+  EXPECT_EQ(ds[0].stop_workers().round(), 1);
+  EXPECT_TRUE(ds[1].has_wait());
+  EXPECT_EQ(jm_->Status().state(), "rendezvous");
+  Advance(29.5);
+  EXPECT_EQ(jm_->Status().state(), "rendezvous");
+  Advance(1.0);
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.state(), "failed");
+  EXPECT_EQ(st.message(),
+            "job failed: it needs at least 2 nodes but has 1 after node b was lost (heartbeat "
+            "timeout); waited 30 s for replacements (lower --nnodes MIN or start more agents)");
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_job_finished());
+  EXPECT_FALSE(d.job_finished().succeeded());
+  EXPECT_THAT(d.job_finished().message(), HasSubstr("needs at least 2 nodes but has 1"));
+}
+
+TEST_F(JobMasterTest, BelowMinRecoversWhenReplacementJoins) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  live_.erase("b");
+  Advance(6);
+  ASSERT_EQ(jm_->Status().state(), "rendezvous");
+  Add("c");
+  v1::Decision d = Last("c");
+  ASSERT_TRUE(d.has_start_round());  // MAX reached: no last call
+  EXPECT_EQ(d.start_round().round(), 2);
+  EXPECT_EQ(d.start_round().restart_count(), 0);
+  EXPECT_EQ(jm_->Status().state(), "running");
+}
+
+TEST_F(JobMasterTest, ScaleUpAfterLateJoinAndLastCall) {
+  Make(Options(2, 4));
+  Add("a");
+  Add("b");
+  Advance(2);
+  ASSERT_EQ(jm_->Status().round(), 1);
+  Drain("a");
+  Add("c", -1, 2);
+  v1::Decision w = Last("c");
+  ASSERT_TRUE(w.has_wait());
+  EXPECT_THAT(w.wait().reason(), HasSubstr("new round with 3 nodes"));
+  Advance(1.5);
+  EXPECT_EQ(jm_->Status().round(), 1);
+  Advance(0.5);
+  for (const char* id : {"a", "b", "c"}) {
+    v1::Decision d = Last(id);
+    ASSERT_TRUE(d.has_start_round()) << id;
+    EXPECT_EQ(d.start_round().round(), 2);
+    EXPECT_EQ(d.start_round().group_world_size(), 3);
+    EXPECT_EQ(d.start_round().world_size(), 4);
+    EXPECT_EQ(d.start_round().restart_count(), 0);
+  }
+}
+
+TEST_F(JobMasterTest, SurplusNodeGetsWait) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Add("c");
+  v1::Decision d = Last("c");
+  ASSERT_TRUE(d.has_wait());
+  EXPECT_THAT(d.wait().reason(), HasSubstr("surplus node"));
+  Advance(10);
+  EXPECT_EQ(jm_->Status().round(), 1);
+  EXPECT_TRUE(Drain("c").empty());
+}
+
+TEST_F(JobMasterTest, NodeUnitKeepsLateNodeWaitingUntilAUnitIsComplete) {
+  Make(Options(2, 4, /*node_unit=*/2));
+  Add("a");
+  Add("b");
+  Advance(2);
+  ASSERT_EQ(jm_->Status().round(), 1);
+  Add("c");
+  EXPECT_THAT(Last("c").wait().reason(), HasSubstr("surplus node"));
+  Advance(5);
+  EXPECT_EQ(jm_->Status().round(), 1);
+  Add("d");
+  EXPECT_EQ(jm_->Status().round(), 2);  // MAX reached: at once
+  EXPECT_EQ(Last("d").start_round().group_world_size(), 4);
+}
+
+TEST_F(JobMasterTest, FailureRestartIncludesWaitingNodesWhenWorldGrows) {
+  Make(Options(2, 4, /*node_unit=*/2));
+  Add("a");
+  Add("b");
+  Advance(2);
+  Add("c");
+  ASSERT_TRUE(Fail("a", 1).ok());
+  EXPECT_EQ(Last("c").has_wait(), true);  // 3 nodes round down to 2: c stays out
+  Add("d");                              // MAX: scale up to 4
+  ASSERT_EQ(jm_->Status().round(), 3);
+  EXPECT_EQ(Last("d").start_round().restart_count(), 1);
+}
+
+TEST_F(JobMasterTest, SpecMismatchIsRefusedNamingTheDifference) {
+  Make(Options(2, 2));
+  v1::JoinRequest req;
+  req.mutable_node()->set_node_id("a");
+  req.mutable_node()->set_local_world_size(1);
+  req.mutable_spec()->set_min_nodes(1);
+  req.mutable_spec()->set_max_nodes(4);
+  auto r = jm_->Join(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "this agent was started with --nnodes 1:4 but the job master runs --nnodes 2:2; "
+            "start the agent with the same --nnodes or without it");
+  req.mutable_spec()->Clear();
+  req.mutable_spec()->set_max_restarts(0);
+  r = jm_->Join(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("--max-restarts 0 but the job master runs "
+                                              "--max-restarts 3"));
+  req.mutable_spec()->Clear();
+  req.mutable_spec()->set_run_id("other");
+  EXPECT_THAT(jm_->Join(req).status().message(), HasSubstr("--rdzv-id other"));
+  req.mutable_spec()->Clear();
+  req.mutable_spec()->set_node_unit(2);
+  EXPECT_THAT(jm_->Join(req).status().message(), HasSubstr("--node-unit 2"));
+  EXPECT_EQ(jm_->Status().nodes_size(), 0);
+  // Matching or absent settings are fine.
+  req.mutable_spec()->Clear();
+  req.mutable_spec()->set_min_nodes(2);
+  req.mutable_spec()->set_max_nodes(2);
+  req.mutable_spec()->set_max_restarts(3);
+  req.mutable_spec()->set_run_id("job1");
+  EXPECT_TRUE(jm_->Join(req).ok());
+}
+
+TEST_F(JobMasterTest, ZeroLocalWorldSizeIsInvalid) {
+  Make(Options(1, 1));
+  EXPECT_EQ(Join("a", -1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobMasterTest, JobSucceedsWhenAllMembersReportDone) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Add("c");  // surplus: hears the end too
+  ASSERT_TRUE(Done("a", 1).ok());
+  EXPECT_EQ(jm_->Status().state(), "running");
+  EXPECT_EQ(jm_->Status().nodes(0).state(), "done");
+  ASSERT_TRUE(Done("b", 1).ok());
+  for (const char* id : {"a", "b", "c"}) {
+    v1::Decision d = Last(id);
+    ASSERT_TRUE(d.has_job_finished()) << id;
+    EXPECT_TRUE(d.job_finished().succeeded());
+  }
+  EXPECT_EQ(jm_->Status().state(), "succeeded");
+  auto outcome = jm_->WaitForFinish(0);
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_TRUE(outcome->succeeded);
+}
+
+TEST_F(JobMasterTest, KvGetWaitsForSet) {
+  Make(Options(1, 1));
+  std::thread setter([this] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(jm_->KvSet("round/1/master_endpoint", "h:123").ok());
+  });
+  auto v = jm_->KvGet("round/1/master_endpoint", 5.0);
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "h:123");
+  EXPECT_EQ(jm_->KvGet("missing", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jm_->KvGet("missing", 0.05).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(jm_->KvGet("missing", 5.0, [] { return true; }).status().code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST_F(JobMasterTest, WatchDeliversCurrentDecisionOnReconnectAndNewerReplacesOlder) {
+  Make(Options(1, 1));
+  Add("a");
+  auto h1 = jm_->OpenWatch("a");
+  ASSERT_TRUE(h1.ok());
+  auto first = jm_->NextDecision(*h1, 0);
+  ASSERT_TRUE(first.ok() && first->has_value());
+  EXPECT_TRUE((*first)->has_start_round());
+  auto h2 = jm_->OpenWatch("a");
+  ASSERT_TRUE(h2.ok());
+  EXPECT_EQ(jm_->NextDecision(*h1, 0).status().code(), absl::StatusCode::kCancelled);
+  auto again = jm_->NextDecision(*h2, 0);
+  ASSERT_TRUE(again.ok() && again->has_value());
+  EXPECT_EQ((*again)->start_round().round(), 1);
+  EXPECT_EQ(jm_->OpenWatch("ghost").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobMasterTest, NextDecisionBlocksUntilADecisionArrives) {
+  Make(Options(2, 2));
+  Add("a");
+  Drain("a");
+  std::thread joiner([this] {
+    absl::SleepFor(absl::Milliseconds(100));
+    Add("b");
+  });
+  auto next = jm_->NextDecision(handles_["a"], 5.0);
+  joiner.join();
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_TRUE((*next)->has_start_round());
+}
+
+TEST_F(JobMasterTest, RejoinDuringRoundKeepsNodeInRound) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  ASSERT_TRUE(Join("a").ok());
+  EXPECT_EQ(jm_->Status().round(), 1);
+  EXPECT_EQ(Last("a").start_round().round(), 1);
+}
+
+TEST_F(JobMasterTest, LeaveOfMemberScalesDownAndCallsBack) {
+  Make(Options(1, 2));
+  Add("a");
+  Add("b");
+  v1::LeaveRequest leave;
+  leave.set_node_id("b");
+  leave.set_reason("agent stopped");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  EXPECT_TRUE(jm_->Leave(leave).ok());  // idempotent
+  EXPECT_THAT(lost_, ElementsAre(Pair("b", "left: agent stopped")));
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().round(), 2);
+  EXPECT_EQ(d.start_round().group_world_size(), 1);
+  EXPECT_EQ(jm_->Status().nodes(1).state(), "left");
+}
+
+TEST_F(JobMasterTest, LostNodeWatchStreamEnds) {
+  Make(Options(1, 2));
+  Add("a");
+  Add("b");
+  Drain("b");
+  live_.erase("b");
+  Advance(6);
+  EXPECT_EQ(jm_->NextDecision(handles_["b"], 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobMasterTest, AllFinalDecisionsSentTracksOpenStreams) {
+  Make(Options(1, 1));
+  EXPECT_TRUE(jm_->AllFinalDecisionsSent());
+  Add("a");
+  Drain("a");
+  EXPECT_FALSE(jm_->AllFinalDecisionsSent());
+  ASSERT_TRUE(Done("a", 1).ok());
+  EXPECT_FALSE(jm_->AllFinalDecisionsSent());
+  EXPECT_TRUE(Last("a").has_job_finished());
+  jm_->MarkFinalSent(handles_["a"]);
+  EXPECT_TRUE(jm_->AllFinalDecisionsSent());
+}
+
+TEST_F(JobMasterTest, ShutdownEndsWaits) {
+  Make(Options(1, 1));
+  Add("a");
+  Drain("a");
+  std::thread stopper([this] {
+    absl::SleepFor(absl::Milliseconds(50));
+    jm_->Shutdown();
+  });
+  EXPECT_EQ(jm_->NextDecision(handles_["a"], 10).status().code(), absl::StatusCode::kUnavailable);
+  stopper.join();
+  EXPECT_EQ(jm_->KvGet("k", 10).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(JobMasterOptions, ValidationSaysWhatToFix) {
+  FakeClock clock;
+  JobMasterOptions o;
+  o.job_id = "j";
+  o.clock = &clock;
+  EXPECT_TRUE(ValidateJobMasterOptions(o).ok());
+  o.min_nodes = 3;
+  o.max_nodes = 2;
+  EXPECT_THAT(ValidateJobMasterOptions(o).message(), HasSubstr("MIN <= MAX, got 3:2"));
+  o.max_nodes = 3;
+  o.node_unit = 2;
+  EXPECT_THAT(ValidateJobMasterOptions(o).message(), HasSubstr("can never form a world"));
+  o.node_unit = 4;
+  EXPECT_EQ(ValidateJobMasterOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  o.node_unit = 1;
+  o.max_restarts = -1;
+  EXPECT_THAT(ValidateJobMasterOptions(o).message(), HasSubstr("--max-restarts"));
+  o.max_restarts = 0;
+  o.min_nodes = 0;
+  EXPECT_THAT(ValidateJobMasterOptions(o).message(), HasSubstr("at least 1"));
+}
+
+}  // namespace
+}  // namespace ballast::master
