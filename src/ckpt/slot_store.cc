@@ -30,6 +30,21 @@ struct alignas(64) SlotControl {
   std::atomic<int32_t> pins[SlotStore::kPinCells];
 };
 
+// The worker -> agent persistence channel (see PersistConfig in the header).
+// The config is written under its own seqlock (config_seq odd while written);
+// request/durable steps are single monotonic words.
+struct PersistChannel {
+  std::atomic<uint64_t> config_seq;
+  int32_t rank;
+  int32_t world_size;
+  int32_t keep_last;
+  uint32_t dir_len;
+  char dir[PersistConfig::kMaxDirBytes];
+  std::atomic<uint64_t> request_step;  // newest step the writer asked to persist (0: none)
+  std::atomic<uint64_t> durable_step;  // newest step the persister made durable
+  std::atomic<uint64_t> committed_step;  // newest step globally committed (latest)
+};
+
 struct ControlBlock {
   char magic[8];
   uint32_t version;
@@ -37,12 +52,13 @@ struct ControlBlock {
   std::atomic<int32_t> writer_pid;  // 0 = none
   std::atomic<uint64_t> commit_counter;
   SlotControl slots[SlotStore::kMaxSlots];
+  PersistChannel persist;
 };
 
 namespace {
 
 constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
-constexpr uint32_t kControlVersion = 1;
+constexpr uint32_t kControlVersion = 2;
 constexpr uint64_t kControlBytes = 4096;
 constexpr uint64_t kGrowGranularity = 2u << 20;
 
@@ -387,5 +403,68 @@ std::vector<SlotInfo> SlotStore::Inspect() const {
   }
   return out;
 }
+
+// ---------------------------------------------------------------------------
+// Persistence channel.
+
+absl::Status SlotStore::SetPersistConfig(const PersistConfig& config) {
+  if (config.dir.empty() || config.dir.size() >= PersistConfig::kMaxDirBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint directory must be 1..", PersistConfig::kMaxDirBytes - 1, " bytes, got '",
+        config.dir, "'"));
+  }
+  if (config.rank < 0 || config.world_size < 1 || config.rank >= config.world_size ||
+      config.keep_last < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("bad checkpoint persist config: rank ", config.rank,
+                                                   ", world size ", config.world_size, ", keep ",
+                                                   config.keep_last));
+  }
+  PersistChannel& p = block_->persist;
+  // Seqlock write: odd while the fields change, so a reader never mixes two
+  // configurations (the directory of one with the rank of another).
+  uint64_t seq = p.config_seq.load(std::memory_order_relaxed);
+  if (seq % 2 == 1) ++seq;  // a writer died mid-update: start from even
+  p.config_seq.store(seq + 1, std::memory_order_seq_cst);
+  p.rank = config.rank;
+  p.world_size = config.world_size;
+  p.keep_last = config.keep_last;
+  p.dir_len = static_cast<uint32_t>(config.dir.size());
+  std::memcpy(p.dir, config.dir.data(), config.dir.size());
+  p.config_seq.store(seq + 2, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+std::optional<PersistConfig> SlotStore::GetPersistConfig() const {
+  const PersistChannel& p = block_->persist;
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    uint64_t before = p.config_seq.load(std::memory_order_acquire);
+    if (before == 0) return std::nullopt;  // never configured
+    if (before % 2 == 1) continue;
+    PersistConfig c;
+    c.rank = p.rank;
+    c.world_size = p.world_size;
+    c.keep_last = p.keep_last;
+    uint32_t len = std::min<uint32_t>(p.dir_len, PersistConfig::kMaxDirBytes - 1);
+    c.dir.assign(p.dir, len);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (p.config_seq.load(std::memory_order_relaxed) == before) return c;
+  }
+  return std::nullopt;
+}
+
+namespace {
+void StoreMax(std::atomic<uint64_t>& word, uint64_t value) {
+  uint64_t cur = word.load();
+  while (cur < value && !word.compare_exchange_weak(cur, value)) {
+  }
+}
+}  // namespace
+
+void SlotStore::RequestPersist(uint64_t step) { StoreMax(block_->persist.request_step, step); }
+uint64_t SlotStore::requested_persist_step() const { return block_->persist.request_step.load(); }
+void SlotStore::MarkDurable(uint64_t step) { StoreMax(block_->persist.durable_step, step); }
+uint64_t SlotStore::durable_step() const { return block_->persist.durable_step.load(); }
+void SlotStore::MarkCommitted(uint64_t step) { StoreMax(block_->persist.committed_step, step); }
+uint64_t SlotStore::committed_step() const { return block_->persist.committed_step.load(); }
 
 }  // namespace ballast::ckpt

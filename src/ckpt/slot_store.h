@@ -76,6 +76,17 @@ struct SlotStoreOptions {
   bool replace_existing = true;
 };
 
+// Where and as what the writer's steps are persisted. The writer (worker) sets
+// it; the persister (the agent under `ballast run`, else a thread of the
+// worker itself) reads it with each persist request.
+struct PersistConfig {
+  static constexpr size_t kMaxDirBytes = 2048;
+  std::string dir;     // checkpoint directory (step-<N>/rank-<R>.ballast)
+  int rank = 0;        // global rank of the writer's shard
+  int world_size = 1;  // ranks whose shards make a step complete
+  int keep_last = 3;   // complete steps to keep
+};
+
 enum class SlotState : uint32_t { kEmpty = 0, kWriting = 1, kCommitted = 2 };
 
 // What Inspect() reports about one slot (a racy snapshot, for logs and tests).
@@ -168,6 +179,22 @@ class SlotStore {
   absl::StatusOr<PinnedSlot> PinStep(uint64_t step);
 
   std::vector<SlotInfo> Inspect() const;
+
+  // --- Persistence channel (worker <-> persister), in the control block. ---
+  // Monotonic step words: a smaller value than the current one is ignored.
+  // Writer: where persisted steps go (seqlocked; kInvalidArgument if bad).
+  absl::Status SetPersistConfig(const PersistConfig& config);
+  // Anyone: the config, or nullopt before the writer set one.
+  std::optional<PersistConfig> GetPersistConfig() const;
+  // Writer: asks for `step` (committed in a slot) to be made durable.
+  void RequestPersist(uint64_t step);
+  uint64_t requested_persist_step() const;
+  // Persister: this process's shard of `step` is durable on disk.
+  void MarkDurable(uint64_t step);
+  uint64_t durable_step() const;
+  // Persister: `step` is globally committed (every rank durable; `latest`).
+  void MarkCommitted(uint64_t step);
+  uint64_t committed_step() const;
   const std::string& name() const { return name_; }
   int num_slots() const { return num_slots_; }
   bool owner() const { return owner_; }

@@ -357,3 +357,41 @@ TEST(CkptSlotStore, ConcurrentReadersOnlySeeCommittedSteps) {
 
 }  // namespace
 }  // namespace ballast::ckpt
+
+namespace ballast::ckpt {
+namespace {
+
+TEST(CkptPersistChannel, ConfigRoundTripsAcrossOpenAndStepsAreMonotonic) {
+  std::string name = "/ballast-test-chan-" + std::to_string(getpid());
+  auto owner = SlotStore::Create(name);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto worker = SlotStore::Open(name);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_FALSE((*owner)->GetPersistConfig().has_value());
+  ASSERT_TRUE((*worker)->SetPersistConfig({"/tmp/ckpt-dir", 3, 4, 2}).ok());
+  auto cfg = (*owner)->GetPersistConfig();
+  ASSERT_TRUE(cfg.has_value());
+  EXPECT_EQ(cfg->dir, "/tmp/ckpt-dir");
+  EXPECT_EQ(cfg->rank, 3);
+  EXPECT_EQ(cfg->world_size, 4);
+  EXPECT_EQ(cfg->keep_last, 2);
+  (*worker)->RequestPersist(7);
+  (*worker)->RequestPersist(5);  // older: ignored
+  EXPECT_EQ((*owner)->requested_persist_step(), 7u);
+  (*owner)->MarkDurable(7);
+  (*owner)->MarkCommitted(6);
+  EXPECT_EQ((*worker)->durable_step(), 7u);
+  EXPECT_EQ((*worker)->committed_step(), 6u);
+}
+
+TEST(CkptPersistChannel, RejectsBadConfig) {
+  std::string name = "/ballast-test-chan-bad-" + std::to_string(getpid());
+  auto owner = SlotStore::Create(name);
+  ASSERT_TRUE(owner.ok());
+  EXPECT_EQ((*owner)->SetPersistConfig({"", 0, 1, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*owner)->SetPersistConfig({"/d", 2, 2, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*owner)->SetPersistConfig({"/d", 0, 1, 0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ballast::ckpt
