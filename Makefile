@@ -36,6 +36,7 @@ demo: build
 bench: build
 	/usr/bin/python3 bench/recovery_bench.py --ballast $(BUILD_DIR)/bin/ballast
 	/usr/bin/python3 bench/rendezvous_bench.py --ballast $(BUILD_DIR)/bin/ballast
+	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/ckpt_bench.py
 
 install: build
 	cmake --install $(BUILD_DIR)

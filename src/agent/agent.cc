@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -36,6 +37,21 @@ std::string DeriveHost(const std::string& local_addr, const std::string& master_
 }
 
 std::string MakeNodeId() { return absl::StrCat(HostName(), "-", getpid(), "-", RandomHex(2)); }
+
+std::string PythonPackageDir(const std::string& exe_path) {
+  if (exe_path.empty()) return "";
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::path(exe_path).parent_path() / ".." / "python";
+  if (!std::filesystem::is_directory(dir, ec)) return "";
+  return std::filesystem::weakly_canonical(dir, ec).string();
+}
+
+std::string WorkerPythonPath(const std::string& package_dir, const std::string& existing) {
+  if (package_dir.empty()) return existing;
+  if (existing.empty()) return package_dir;
+  if (existing == package_dir || absl::StartsWith(existing, package_dir + ":")) return existing;
+  return absl::StrCat(package_dir, ":", existing);
+}
 
 std::vector<std::string> WorkerCommand(const RunOptions& o) {
   std::vector<std::string> argv;
@@ -73,6 +89,12 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   WorkerSpec spec;
   spec.argv = WorkerCommand(options_.run);
   spec.base_env = CurrentEnvironment();
+  // `import ballast` in a worker finds the package built next to this binary
+  // (an installed package needs nothing: then the directory does not exist).
+  if (std::string pkg = PythonPackageDir(SelfExePath()); !pkg.empty()) {
+    auto it = spec.base_env.find("PYTHONPATH");
+    spec.base_env["PYTHONPATH"] = WorkerPythonPath(pkg, it == spec.base_env.end() ? "" : it->second);
+  }
   spec.role = options_.run.role;
   spec.node_id = options_.node_id;
   spec.log_dir = options_.run.log_dir;
@@ -93,6 +115,35 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
 Agent::~Agent() {
   if (client_) client_->Shutdown();
   if (workers_) workers_->Stop(0);
+  // After the workers: the stores are unlinked here, and the persister thread
+  // must not outlive client_.
+  ckpt_.reset();
+}
+
+void Agent::StartCheckpointStores(const std::string& job_id) {
+  if (!options_.flash_checkpoint) return;
+  // A SIGKILLed agent cannot unlink its stores: reclaim that memory now.
+  RemoveStaleCkptStores();
+  CkptPersisterOptions po;
+  po.node_id = options_.node_id;
+  po.local_world_size = options_.run.nproc_per_node;
+  po.name_prefix = CkptStorePrefix(job_id, getpid());
+  auto created = CkptPersister::Create(po, [this](const v1::ShardDurableReport& r, double timeout_s) {
+    return client_->ReportShardDurable(r, timeout_s);
+  });
+  if (!created.ok()) {
+    // The workers' Checkpointer then keeps its own store and persists in-process.
+    spdlog::warn("flash checkpoint: cannot create the shared-memory stores ({}); workers will not get {} {}",
+                 created.status().ToString(), kCkptShmEnv, Fmt());
+    return;
+  }
+  ckpt_ = std::move(*created);
+  std::vector<std::map<std::string, std::string>> env(ckpt_->num_stores());
+  for (int lr = 0; lr < ckpt_->num_stores(); ++lr) env[lr][kCkptShmEnv] = ckpt_->store_name(lr);
+  workers_->set_local_rank_env(std::move(env));
+  ckpt_->Start();
+  spdlog::info("flash checkpoint: {} shared-memory stores {}-0..{} {}", ckpt_->num_stores(), po.name_prefix,
+               ckpt_->num_stores() - 1, Fmt());
 }
 
 std::string Agent::Fmt() const { return absl::StrCat("node=", options_.node_id, " round=", round_); }
@@ -194,6 +245,7 @@ int Agent::Run() {
   spdlog::info("joined job {} at master {} (nodes {}..{}, max restarts {}) node={}", joined->job_id(),
                options_.endpoint, joined->spec().min_nodes(), joined->spec().max_nodes(),
                joined->spec().max_restarts(), options_.node_id);
+  StartCheckpointStores(joined->job_id());
 
   client_->StartWatch(
       options_.node_id, [this](const v1::Decision& d) { Post(d); },
@@ -253,7 +305,8 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
       return std::nullopt;
     case v1::Decision::kJobFinished: {
       const auto& f = d.job_finished();
-      StopWorkers("the job finished");
+      // A succeeded job's workers exited 0 having persisted what they wanted.
+      StopWorkers("the job finished", /*breakpoint_save=*/!f.succeeded());
       if (f.succeeded()) {
         spdlog::info("job succeeded {}", Fmt());
         return 0;
@@ -269,7 +322,7 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
   return std::nullopt;
 }
 
-void Agent::StopWorkers(const std::string& why) {
+void Agent::StopWorkers(const std::string& why, bool breakpoint_save) {
   if (!workers_->started()) {
     running_round_ = false;
     return;
@@ -278,6 +331,12 @@ void Agent::StopWorkers(const std::string& why) {
   workers_->Stop(options_.tunables.stop_grace_s, &kill_now_);
   running_round_ = false;
   PublishState();
+  // Breakpoint save, only now: with every worker dead no slot is being
+  // written, so each store's newest committed step is final. It runs before
+  // this node starts the next round's workers (StartRound calls us first), so
+  // when the new world meets in its rendezvous every node's newest in-memory
+  // step is durable, and the last reporter has committed it.
+  if (breakpoint_save && ckpt_ != nullptr && !kill_now_.load()) ckpt_->BreakpointSave(why);
 }
 
 absl::StatusOr<std::pair<std::string, int>> Agent::RoundMasterEndpoint(const v1::StartRound& start) {
@@ -325,6 +384,7 @@ void Agent::StartRound(const v1::StartRound& start) {
   // Older workers go first: a new round never overlaps the old one.
   StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_));
   round_ = start.round();
+  if (ckpt_ != nullptr) ckpt_->set_round(round_);
   round_failed_reported_ = false;
   const int nproc = options_.run.nproc_per_node;
 

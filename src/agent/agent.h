@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "agent/ckpt_persister.h"
 #include "agent/master_client.h"
 #include "agent/run_options.h"
 #include "agent/worker_group.h"
@@ -44,12 +45,20 @@ struct AgentOptions {
   // Where forwarded worker output goes (tests redirect it).
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
+  // Flash checkpoint: create one shared-memory store per local rank, hand it
+  // to the workers (BALLAST_CKPT_SHM) and persist what they ask for.
+  bool flash_checkpoint = true;
 };
 
 // "127.0.0.1" for a loopback / localhost master, else local_addr or HostName().
 std::string DeriveHost(const std::string& local_addr, const std::string& master_host);
 // "<hostname>-<pid>-<4 hex>".
 std::string MakeNodeId();
+// <dir of exe_path>/../python when that directory exists (the build tree's
+// Python package: build/bin/ballast, build/python/ballast), else "".
+std::string PythonPackageDir(const std::string& exe_path);
+// The PYTHONPATH for workers: package_dir before the existing value (if any).
+std::string WorkerPythonPath(const std::string& package_dir, const std::string& existing);
 // The worker command line for the options (python -u script..., -m, --no-python).
 std::vector<std::string> WorkerCommand(const RunOptions& options);
 // The JobSpec a JoinRequest carries: only what was given on the command line.
@@ -64,6 +73,11 @@ v1::JobSpec JoinSpec(const RunOptions& options);
 //    All workers exit 0: ReportWorkersDone, wait for JobFinished.
 //  - JobFinished: exit 0 or 1 (printing the master's message). A signal: stop
 //    workers, Leave, exit 128+N. Master lost past reconnect_timeout_s: exit 1.
+//  - Flash checkpoint (ckpt_persister.h): after Join and before the first
+//    round, one SlotStore per local rank; they live as long as the agent. A
+//    persister thread makes requested steps durable. Whenever running workers
+//    are stopped for any reason but success, a breakpoint save persists each
+//    store's newest in-memory step before anything else happens.
 // Run() may be called once per Agent.
 class Agent {
  public:
@@ -106,13 +120,19 @@ class Agent {
   // (newer decision, signal) superseded the start while waiting.
   absl::StatusOr<std::pair<std::string, int>> RoundMasterEndpoint(const v1::StartRound& start);
   void ReportFailure(const v1::FailureReport& report);
-  void StopWorkers(const std::string& why);
+  // Stops the workers; then, unless the job succeeded, the breakpoint save.
+  void StopWorkers(const std::string& why, bool breakpoint_save = true);
+  // Creates the checkpoint stores (after Join: their names carry the job id).
+  void StartCheckpointStores(const std::string& job_id);
   void PublishState();
   std::string Fmt() const;  // "node=<id> round=<n>" log keys
 
   AgentOptions options_;
   std::unique_ptr<MasterClient> client_;
   std::unique_ptr<WorkerGroup> workers_;
+  // Null when flash checkpoint is off or /dev/shm is unusable. Declared after
+  // client_ so it is destroyed first (its thread reports through client_).
+  std::unique_ptr<CkptPersister> ckpt_;
 
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none

@@ -136,6 +136,16 @@ absl::Status MasterClient::KvSet(const std::string& key, const std::string& valu
   return FromGrpcStatus(stub_->KvSet(&ctx, req, &ack));
 }
 
+absl::StatusOr<v1::ShardDurableResponse> MasterClient::ReportShardDurable(const v1::ShardDurableReport& report,
+                                                                          double timeout_s) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, timeout_s > 0 ? timeout_s : options_.rpc_timeout_s);
+  v1::ShardDurableResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->ReportShardDurable(&ctx, report, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<std::string> MasterClient::KvGet(const std::string& key, double wait_s) {
   grpc::ClientContext ctx;
   // The master blocks up to wait_s; our deadline leaves room for its answer.

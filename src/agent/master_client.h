@@ -70,6 +70,9 @@ class MasterClient {
   absl::Status ReportFailure(const v1::FailureReport& report);
   absl::Status ReportWorkersDone(const std::string& node_id, int64_t round);
   absl::Status KvSet(const std::string& key, const std::string& value);
+  // Flash checkpoint: a shard is durable; the answer says whether to commit.
+  absl::StatusOr<v1::ShardDurableResponse> ReportShardDurable(const v1::ShardDurableReport& report,
+                                                              double timeout_s);
   // Blocks up to wait_s on the master for the key to appear.
   absl::StatusOr<std::string> KvGet(const std::string& key, double wait_s);
 

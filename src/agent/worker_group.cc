@@ -75,6 +75,9 @@ struct WorkerGroup::Stream {
 std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, const RoundSpec& round,
                                                      int local_rank) {
   std::map<std::string, std::string> env = spec.base_env;
+  if (local_rank >= 0 && static_cast<size_t>(local_rank) < spec.local_rank_env.size()) {
+    for (const auto& [k, v] : spec.local_rank_env[local_rank]) env[k] = v;
+  }
   int rank = round.rank_offset + local_rank;
   env["RANK"] = absl::StrCat(rank);
   env["LOCAL_RANK"] = absl::StrCat(local_rank);

@@ -39,6 +39,9 @@ struct WorkerSpec {
   std::vector<std::string> argv;
   // The environment the workers inherit; the torchrun variables are added on top.
   std::map<std::string, std::string> base_env;
+  // Extra variables for local rank i (index i; may be shorter than the local
+  // world size), on top of base_env, e.g. BALLAST_CKPT_SHM.
+  std::vector<std::map<std::string, std::string>> local_rank_env;
   std::string role = "default";
   std::string node_id;
   // Output: when log_dir is set, each worker's stdout/stderr is written to
@@ -116,6 +119,11 @@ class WorkerGroup {
   // left running. Idempotent.
   void Stop(double grace_s, const std::atomic<bool>* kill_now = nullptr);
 
+  // Replaces spec.local_rank_env; takes effect at the next Start.
+  void set_local_rank_env(std::vector<std::map<std::string, std::string>> env) {
+    spec_.local_rank_env = std::move(env);
+  }
+
   // True while any worker of the current round has not been reaped.
   bool AnyRunning() const;
   bool started() const { return !workers_.empty(); }
@@ -143,7 +151,7 @@ class WorkerGroup {
   void WaitForEof(const Worker& w, double timeout_s);
   std::string StderrTail(const Worker& w);
 
-  const WorkerSpec spec_;
+  WorkerSpec spec_;
   RoundSpec round_;
   std::string attempt_log_dir_;
   std::vector<Worker> workers_;

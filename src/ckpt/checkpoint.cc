@@ -147,6 +147,7 @@ absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step,
   const uint64_t data_checksum =
       CopyDataAndChecksum(image + layout.data_offset, layout.data_bytes, entries, sources, &pool_,
                           options_.parallel_threshold_bytes, options_.chunk_bytes);
+  if (options_.before_commit_for_test) options_.before_commit_for_test();
   WriteHeaderAndIndex(step, entries, layout, data_checksum, image);
   SaveStats stats;
   stats.step = step;

@@ -13,6 +13,7 @@ int RunCommand(const Args& args);     // ballast run: the agent (torchrun drop-i
 int MasterCommand(const Args& args);  // ballast master: a job master for hand-started agents
 int LaunchCommand(const Args& args);  // ballast launch: master + N local agents
 int StatusCommand(const Args& args);  // ballast status: print a job's state
+int CkptCommand(const Args& args);    // ballast ckpt: ls/inspect/verify/export checkpoints
 
 // Exit code for bad command lines (as torchrun and most CLIs use).
 inline constexpr int kUsageExit = 2;

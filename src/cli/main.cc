@@ -17,6 +17,7 @@ constexpr char kUsage[] =
     "  master   run a job master that agents on several hosts join\n"
     "  launch   run a whole job on this machine: a master and N agents (local backend)\n"
     "  status   print the state of a running job\n"
+    "  ckpt     list, inspect, verify and export flash checkpoints\n"
     "\n"
     "`ballast <command> --help` describes each command's options.\n";
 
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   if (cmd == "master") return ballast::cli::MasterCommand(args);
   if (cmd == "launch") return ballast::cli::LaunchCommand(args);
   if (cmd == "status") return ballast::cli::StatusCommand(args);
+  if (cmd == "ckpt") return ballast::cli::CkptCommand(args);
   std::fprintf(stderr, "ballast: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return ballast::cli::kUsageExit;
 }

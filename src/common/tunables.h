@@ -18,7 +18,7 @@ namespace ballast {
   X(double, disconnect_grace_s, 1.0,                                                          \
     "A node whose agent's decision stream closed and did not reopen within this long is "     \
     "lost (a killed agent closes its connection at once). 0 relies on heartbeats alone.")     \
-  X(double, failure_settle_s, 0.25,                                                            \
+  X(double, failure_settle_s, 0.1,                                                            \
     "A worker failure is decided this long after its report, so that a node loss behind it "  \
     "is seen first and the failure is not counted as a restart.")                             \
   X(double, last_call_s, 1.0,                                                                  \

@@ -666,6 +666,50 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
+    const v1::ShardDurableReport& report) {
+  if (report.dir().empty()) return absl::InvalidArgumentError("ReportShardDurable needs the checkpoint dir");
+  if (report.world_size() < 1 || report.rank() < 0 || report.rank() >= report.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ReportShardDurable: rank ", report.rank(),
+                                                   " is outside world size ", report.world_size()));
+  }
+  absl::MutexLock lock(&mu_);
+  CkptDir& d = ckpt_dirs_[report.dir()];
+  v1::ShardDurableResponse response;
+  // A step at or below the committed one is already complete (a late or
+  // repeated report, e.g. a breakpoint save racing the persister): nothing to do.
+  if (report.step() <= d.committed) {
+    response.set_committed_step(d.committed);
+    return response;
+  }
+  CkptDir::Step& step = d.pending[report.step()];
+  if (step.world_size != report.world_size()) {
+    // A different world wrote this step number (the job scaled and restarted
+    // from an older step): only the newest world's shards count.
+    if (step.world_size != 0) {
+      spdlog::warn("job={} checkpoint step {} in {}: world size changed {} -> {}; recounting shards",
+                   options_.job_id, report.step(), report.dir(), step.world_size, report.world_size());
+    }
+    step.world_size = report.world_size();
+    step.ranks.clear();
+  }
+  step.ranks.insert(report.rank());
+  spdlog::debug("job={} node={} rank={} round={} checkpoint step {} durable ({}/{} ranks)", options_.job_id,
+                report.node_id(), report.rank(), report.round(), report.step(), step.ranks.size(),
+                step.world_size);
+  if (static_cast<int>(step.ranks.size()) == step.world_size) {
+    spdlog::info("job={} checkpoint step {} durable on all {} ranks in {}; node={} rank={} commits it",
+                 options_.job_id, report.step(), step.world_size, report.dir(), report.node_id(), report.rank());
+    d.committed = report.step();
+    d.pending.erase(d.pending.begin(), d.pending.upper_bound(d.committed));
+    response.set_commit(true);
+  } else {
+    while (d.pending.size() > kMaxPendingCkptSteps) d.pending.erase(d.pending.begin());
+  }
+  response.set_committed_step(d.committed);
+  return response;
+}
+
 absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
   if (key.empty()) return absl::InvalidArgumentError("KvSet needs a non-empty key");
   absl::MutexLock lock(&mu_);

@@ -110,6 +110,11 @@ class JobMaster {
   absl::Status ReportFailure(const v1::FailureReport& report);
   absl::Status ReportWorkersDone(const v1::WorkersDoneRequest& request);
   absl::Status ReportProgress(const v1::ProgressReport& report);
+  // Flash checkpoint: counts durable ranks per (dir, step). commit = true for
+  // exactly one report per (dir, step), the one that completes world_size
+  // ranks. kInvalidArgument for an empty dir, world_size < 1 or a rank
+  // outside [0, world_size). Not round-checked (see master.proto).
+  absl::StatusOr<v1::ShardDurableResponse> ReportShardDurable(const v1::ShardDurableReport& report);
   absl::Status KvSet(const std::string& key, std::string value);
   // Waits up to wait_s (real time) for `key`. NOT_FOUND when absent and
   // wait_s <= 0, DEADLINE_EXCEEDED after waiting, UNAVAILABLE on shutdown, and
@@ -225,6 +230,20 @@ class JobMaster {
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   absl::CondVar kv_cv_;
   std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
+  // Flash checkpoint commit tracking, per checkpoint directory. Bounded: steps
+  // at or below `committed` are dropped when a step commits, and at most
+  // kMaxPendingCkptSteps incomplete steps are kept (the oldest go first: a
+  // step some rank never persisted can never complete).
+  static constexpr size_t kMaxPendingCkptSteps = 64;
+  struct CkptDir {
+    int64_t committed = 0;  // newest step handed out for commit
+    struct Step {
+      int world_size = 0;
+      std::set<int> ranks;
+    };
+    std::map<int64_t, Step> pending;
+  };
+  std::map<std::string, CkptDir> ckpt_dirs_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -120,6 +120,90 @@ class JobMasterTest : public ::testing::Test {
   std::vector<std::pair<std::string, std::string>> lost_;
 };
 
+v1::ShardDurableReport Shard(const std::string& dir, int64_t step, int rank, int world_size) {
+  v1::ShardDurableReport r;
+  r.set_node_id("n" + std::to_string(rank));
+  r.set_round(1);
+  r.set_dir(dir);
+  r.set_step(step);
+  r.set_rank(rank);
+  r.set_world_size(world_size);
+  return r;
+}
+
+TEST_F(JobMasterTest, ShardDurableCommitsExactlyOnceWhenAllRanksReported) {
+  Make(Options(1, 1));
+  auto r0 = jm_->ReportShardDurable(Shard("/ckpt", 5, 0, 3));
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  EXPECT_FALSE(r0->commit());
+  EXPECT_EQ(r0->committed_step(), 0);
+  // A repeated report of the same rank does not count twice.
+  auto again = jm_->ReportShardDurable(Shard("/ckpt", 5, 0, 3));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->commit());
+  auto r2 = jm_->ReportShardDurable(Shard("/ckpt", 5, 2, 3));
+  ASSERT_TRUE(r2.ok());
+  EXPECT_FALSE(r2->commit());
+  auto r1 = jm_->ReportShardDurable(Shard("/ckpt", 5, 1, 3));
+  ASSERT_TRUE(r1.ok());
+  EXPECT_TRUE(r1->commit());
+  EXPECT_EQ(r1->committed_step(), 5);
+  // A late report of a committed step (e.g. a breakpoint save) commits nothing.
+  auto late = jm_->ReportShardDurable(Shard("/ckpt", 5, 1, 3));
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(late->commit());
+  EXPECT_EQ(late->committed_step(), 5);
+  auto older = jm_->ReportShardDurable(Shard("/ckpt", 4, 0, 3));
+  ASSERT_TRUE(older.ok());
+  EXPECT_FALSE(older->commit());
+  EXPECT_EQ(older->committed_step(), 5);
+}
+
+TEST_F(JobMasterTest, ShardDurableTracksDirsAndStepsIndependently) {
+  Make(Options(1, 1));
+  ASSERT_FALSE(jm_->ReportShardDurable(Shard("/a", 1, 0, 2))->commit());
+  ASSERT_FALSE(jm_->ReportShardDurable(Shard("/a", 2, 0, 2))->commit());
+  ASSERT_FALSE(jm_->ReportShardDurable(Shard("/b", 1, 1, 2))->commit());
+  // Step 2 of /a completes before step 1: it commits, and step 1 is dropped.
+  auto a2 = jm_->ReportShardDurable(Shard("/a", 2, 1, 2));
+  ASSERT_TRUE(a2.ok());
+  EXPECT_TRUE(a2->commit());
+  auto a1 = jm_->ReportShardDurable(Shard("/a", 1, 1, 2));
+  ASSERT_TRUE(a1.ok());
+  EXPECT_FALSE(a1->commit());
+  EXPECT_EQ(a1->committed_step(), 2);
+  auto b1 = jm_->ReportShardDurable(Shard("/b", 1, 0, 2));
+  ASSERT_TRUE(b1.ok());
+  EXPECT_TRUE(b1->commit());
+  EXPECT_EQ(b1->committed_step(), 1);
+}
+
+TEST_F(JobMasterTest, ShardDurableWorldSizeChangeRecountsTheStep) {
+  Make(Options(1, 1));
+  ASSERT_FALSE(jm_->ReportShardDurable(Shard("/c", 7, 0, 4))->commit());
+  ASSERT_FALSE(jm_->ReportShardDurable(Shard("/c", 7, 1, 4))->commit());
+  // The world shrank to 2: the old world's shards of step 7 no longer count.
+  ASSERT_FALSE(jm_->ReportShardDurable(Shard("/c", 7, 0, 2))->commit());
+  EXPECT_TRUE(jm_->ReportShardDurable(Shard("/c", 7, 1, 2))->commit());
+}
+
+TEST_F(JobMasterTest, ShardDurableRejectsBadReports) {
+  Make(Options(1, 1));
+  EXPECT_EQ(jm_->ReportShardDurable(Shard("", 1, 0, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jm_->ReportShardDurable(Shard("/d", 1, 2, 2)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jm_->ReportShardDurable(Shard("/d", 1, -1, 2)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jm_->ReportShardDurable(Shard("/d", 1, 0, 0)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobMasterTest, ShardDurablePendingStepsStayBounded) {
+  Make(Options(1, 1));
+  // Steps that never complete (rank 1 never reports) are capped; the oldest go.
+  for (int step = 1; step <= 200; ++step) ASSERT_TRUE(jm_->ReportShardDurable(Shard("/e", step, 0, 2)).ok());
+  // Step 1 was dropped: rank 1's report alone cannot complete it now.
+  EXPECT_FALSE(jm_->ReportShardDurable(Shard("/e", 1, 1, 2))->commit());
+  EXPECT_TRUE(jm_->ReportShardDurable(Shard("/e", 200, 1, 2))->commit());
+}
+
 TEST_F(JobMasterTest, InitialRoundStartsAtMaxNodesWithRanks) {
   Make(Options(2, 2));
   ASSERT_TRUE(Join("a", -1, 2).ok());

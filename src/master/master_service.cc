@@ -121,6 +121,16 @@ grpc::Status MasterService::Watch(grpc::ServerContext* ctx, const v1::WatchReque
   }
 }
 
+grpc::Status MasterService::ReportShardDurable(grpc::ServerContext* ctx,
+                                               const v1::ShardDurableReport* request,
+                                               v1::ShardDurableResponse* response) {
+  if (grpc::Status s = Authenticate(*ctx, "ReportShardDurable"); !s.ok()) return s;
+  absl::StatusOr<v1::ShardDurableResponse> r = job_->ReportShardDurable(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status MasterService::GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest* request,
                                       v1::JobStatus* response) {
   if (grpc::Status s = Authenticate(*ctx, "GetStatus"); !s.ok()) return s;

@@ -47,6 +47,8 @@ class MasterService final : public v1::Master::Service {
                      v1::KvGetResponse* response) override;
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* request,
                      grpc::ServerWriter<v1::Decision>* writer) override;
+  grpc::Status ReportShardDurable(grpc::ServerContext* ctx, const v1::ShardDurableReport* request,
+                                  v1::ShardDurableResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest* request,
                          v1::JobStatus* response) override;
 

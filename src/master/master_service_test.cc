@@ -234,6 +234,27 @@ TEST_F(MasterServiceTest, KvSetGetRoundTripAndWait) {
   EXPECT_EQ(resp.value(), "h:2");
 }
 
+TEST_F(MasterServiceTest, ReportShardDurableIsTokenCheckedAndCommitsOnce) {
+  StartServer(1, 1);
+  v1::ShardDurableReport r;
+  r.set_node_id("n");
+  r.set_dir("/ckpt");
+  r.set_step(3);
+  r.set_world_size(2);
+  v1::ShardDurableResponse resp;
+  EXPECT_EQ(stub_->ReportShardDurable(Ctx("bad").get(), r, &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_TRUE(stub_->ReportShardDurable(Ctx().get(), r, &resp).ok());
+  EXPECT_FALSE(resp.commit());
+  r.set_rank(1);
+  ASSERT_TRUE(stub_->ReportShardDurable(Ctx().get(), r, &resp).ok());
+  EXPECT_TRUE(resp.commit());
+  EXPECT_EQ(resp.committed_step(), 3);
+  r.set_rank(5);
+  EXPECT_EQ(stub_->ReportShardDurable(Ctx().get(), r, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(MasterServiceTest, ShutdownEndsOpenWatchStreams) {
   StartServer(2, 2);
   ASSERT_TRUE(Join("node-a", 1).ok());

@@ -164,6 +164,14 @@ TEST(Elastic, WrongTokenIsRefusedAndChangesNothing) {
   EXPECT_NE(agent.Output().find("token"), std::string::npos) << agent.Output();
   EXPECT_NE(master.Output().find("UNAUTHENTICATED"), std::string::npos) << master.Output();
 
+  // Right token, contradicting settings: refused naming the difference.
+  Proc mismatched({BallastBin(), "run", "--rdzv-endpoint", addr, "--token", "right-token", "--nnodes", "2:3",
+                   "--nproc-per-node", "1", "--python", Python(), Script("env_dump.py")},
+                  dir / "mismatched.log", {{"OUT_DIR", dir.path()}});
+  EXPECT_EQ(mismatched.Wait(60), 1);
+  EXPECT_NE(mismatched.Output().find("--nnodes 2:3"), std::string::npos) << mismatched.Output();
+  EXPECT_NE(mismatched.Output().find("--nnodes 1:1"), std::string::npos) << mismatched.Output();
+
   Proc status({BallastBin(), "status", "--master", addr, "--token", "right-token", "--json"}, dir / "status.log");
   ASSERT_EQ(status.Wait(30), 0) << status.Output();
   auto js = json::parse(status.Output(), nullptr, false);

@@ -1,0 +1,550 @@
+"""Flash checkpoint: save a state_dict to shared memory in the time of a memcpy.
+
+See ``Checkpointer`` for the API. Two modes, same API:
+
+* Under ``ballast run`` the agent creates one shared-memory store per local
+  rank and names it in ``BALLAST_CKPT_SHM``. The store outlives this worker, so
+  after a crash the restarted worker loads from memory; the agent persists
+  requested steps to disk (and does a "breakpoint save" when a worker dies) and
+  the master commits steps globally.
+* Without an agent the Checkpointer creates its own store (unlinked when it is
+  closed or the interpreter exits) and persists on a thread of this process;
+  memory then does not survive the process, disk does.
+"""
+
+import glob
+import os
+import re
+import secrets
+import warnings
+import weakref
+
+import torch
+
+from ballast import _ballast as _C
+from ballast import _tree
+from ballast._tree import Shard
+
+CheckpointCorruptError = _C.CheckpointCorruptError
+
+ENV_SHM = "BALLAST_CKPT_SHM"
+_DEFAULT_WAIT_S = 600.0
+
+
+def _dist():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed
+    return None
+
+
+def _read_doc(snap):
+    """The tree document of a snapshot ({"tree": ...}); a flat dict for foreign images."""
+    entries = snap.entries()
+    for i, (key, dtype, _shape, _n) in enumerate(entries):
+        if key == _tree.TREE_KEY and dtype == "blob":
+            return _tree.parse_header(snap.read_bytes(i), snap.source)
+    # An image written without the Python layer: every entry at top level.
+    items = []
+    for key, dtype, _shape, _n in entries:
+        items.append([key, {"B": key} if dtype == "blob" else {"t": key}])
+    return {"tree": {"d": items}}
+
+
+class _Image:
+    """One snapshot with its decoded tree and an index by entry key."""
+
+    def __init__(self, snap):
+        self.snap = snap
+        self.doc = _read_doc(snap)
+        self.index = {e[0]: (i, e[1], tuple(e[2]), e[3]) for i, e in enumerate(snap.entries())}
+
+    @property
+    def source(self):
+        return self.snap.source
+
+    def entry(self, key):
+        try:
+            return self.index[key]
+        except KeyError:
+            raise CheckpointCorruptError(
+                f"checkpoint {self.source}: its state tree names entry '{key}', which is missing"
+            ) from None
+
+    def shard_nodes(self):
+        """{key: (global_shape, offsets, shape)} of every tensor and Shard in the tree."""
+        refs = []
+        _tree.walk_refs(self.doc["tree"], refs)
+        out = {}
+        for node in refs:
+            if "s" in node:
+                shape = self.entry(node["s"])[2]
+                out[node["s"]] = (tuple(node["gs"]), tuple(node["go"]), shape)
+            elif "t" in node:
+                shape = self.entry(node["t"])[2]
+                out[node["t"]] = (shape, (0,) * len(shape), shape)
+        return out
+
+    def materialize(self, device=None, replace=None, shards_as_tensors=()):
+        """Copies the image into fresh tensors and rebuilds the saved state.
+
+        replace: {key: tensor} used instead of the image's own data.
+        shards_as_tensors: keys of Shard nodes to return as plain tensors.
+        """
+        replace = replace or {}
+        refs = []
+        _tree.walk_refs(self.doc["tree"], refs)
+        tensors = dict(replace)
+        targets = []
+        for node in refs:
+            key = node.get("t", node.get("s"))
+            if key is None or key in tensors:
+                continue
+            i, dtype, shape, nbytes = self.entry(key)
+            torch_dtype = _tree.NAME_TO_DTYPE.get(dtype)
+            if torch_dtype is None:
+                raise CheckpointCorruptError(
+                    f"checkpoint {self.source}: entry '{key}' has dtype {dtype}, which this torch "
+                    "cannot hold" if dtype != "blob" else
+                    f"checkpoint {self.source}: entry '{key}' is a blob, not a tensor")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # complex32 is "experimental" in torch 1.13
+                t = torch.empty(shape, dtype=torch_dtype)
+            if t.numel() * t.element_size() != nbytes:
+                raise CheckpointCorruptError(
+                    f"checkpoint {self.source}: entry '{key}' has {nbytes} bytes for shape {shape}")
+            if nbytes:
+                targets.append((i, t.data_ptr()))
+            tensors[key] = t
+        self.snap.copy_to(targets)  # one parallel copy, GIL released
+        if device is not None:
+            tensors = {k: v.to(device) for k, v in tensors.items()}
+
+        def resolve(node):
+            if "B" in node:
+                return self.snap.read_bytes(self.entry(node["B"])[0])
+            if "t" in node:
+                t = tensors[node["t"]]
+                return t.requires_grad_() if node.get("g") else t
+            key = node["s"]
+            if key in shards_as_tensors or key in replace:
+                return tensors[key]
+            return Shard(tensors[key], node["gs"], node["go"])
+
+        return _tree.decode(self.doc["tree"], resolve)
+
+
+def _normalize_shards(shards):
+    out = {}
+    for key, spec in (shards or {}).items():
+        try:
+            global_shape, offsets, shape = spec
+            out[key] = (tuple(int(x) for x in global_shape), tuple(int(x) for x in offsets),
+                        tuple(int(x) for x in shape))
+        except (TypeError, ValueError):
+            raise ValueError(f"shards['{key}'] must be (global_shape, offsets, shape), "
+                             f"got {spec!r}") from None
+        gs, off, shape = out[key]
+        if not len(gs) == len(off) == len(shape):
+            raise ValueError(f"shards['{key}']: global_shape, offsets and shape differ in length")
+        for d in range(len(gs)):
+            if off[d] < 0 or shape[d] < 0 or off[d] + shape[d] > gs[d]:
+                raise ValueError(f"shards['{key}']: dim {d} slice [{off[d]}, {off[d] + shape[d]}) "
+                                 f"is outside the global size {gs[d]}")
+    return out
+
+
+def _assemble(key, want, images):
+    """The slice `want` = (global_shape, offsets, shape) of tensor `key`, from every
+    image's overlapping piece."""
+    gshape, offsets, shape = want
+    out = None
+    covered = None
+    for img in images:
+        pieces = img.shard_nodes()
+        if key not in pieces:
+            continue
+        s_gshape, s_off, s_shape = pieces[key]
+        if s_gshape != gshape:
+            raise ValueError(f"'{key}' was saved with global shape {s_gshape}, not {gshape}")
+        i, dtype, _, _ = img.entry(key)
+        if out is None:
+            torch_dtype = _tree.NAME_TO_DTYPE[dtype]
+            out = torch.empty(shape, dtype=torch_dtype)
+            covered = torch.zeros(shape, dtype=torch.bool)
+        lo = [max(a, b) for a, b in zip(offsets, s_off)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(offsets, shape, s_off, s_shape)]
+        if any(h <= l for l, h in zip(lo, hi)) and len(shape) > 0:
+            continue
+        box = [h - l for l, h in zip(lo, hi)]
+        img.snap.copy_box(i, out.element_size(), list(s_shape), [l - b for l, b in zip(lo, s_off)],
+                          out.data_ptr(), list(shape), [l - a for l, a in zip(lo, offsets)], box)
+        covered[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, offsets))] = True
+    if out is None:
+        raise ValueError(f"no saved rank holds a tensor '{key}' (keys are state paths joined by "
+                         "'/'; `ballast ckpt inspect` lists them)")
+    if not bool(covered.all()):
+        missing = int(covered.numel() - covered.sum())
+        raise ValueError(f"the saved shards of '{key}' leave {missing} of the {covered.numel()} "
+                         "requested elements uncovered (a rank's shard file is missing?)")
+    return out
+
+
+class _Resources:
+    """What a Checkpointer owns; closed by close(), GC or interpreter exit."""
+
+    def __init__(self, store):
+        self.store = store
+        self.persister = None
+
+    def close(self):
+        if self.persister is not None:
+            self.persister.close()  # finishes a pending persist
+            self.persister = None
+        if self.store is not None:
+            self.store.close()  # unlinks the shared memory if we created it
+            self.store = None
+
+
+class Checkpointer:
+    """Flash checkpoints of a training state: in memory in the time of a memcpy,
+    on disk asynchronously.
+
+    Args:
+        dir: checkpoint directory (``step-<N>/rank-<R>.ballast`` + ``latest``).
+        keep: complete steps kept on disk (older ones are deleted).
+        rank, world_size: this process's shard; default torch.distributed's when
+            initialized, else $RANK / $WORLD_SIZE, else 0 / 1.
+        shm: shared-memory store to use; default $BALLAST_CKPT_SHM (set by
+            ``ballast run``); without one the Checkpointer makes its own.
+        verify: verify checksums when loading from memory (disk is always verified).
+
+    Example::
+
+        import ballast
+        ckpt = ballast.Checkpointer("/ckpt/run1", keep=3)
+        step, state = ckpt.load()                  # (None, None) on a fresh start
+        if state is not None:
+            model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
+        for step in range(step or 0, steps):
+            train_step()
+            ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict()},
+                      persist=step % 100 == 0)
+        ckpt.wait()
+    """
+
+    def __init__(self, dir, keep=3, *, rank=None, world_size=None, shm=None, verify=True):
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither")
+        if rank is not None and not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if int(keep) < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.dir = os.path.abspath(os.fspath(dir))
+        self.keep = int(keep)
+        self.verify = bool(verify)
+        self._rank = None if rank is None else int(rank)
+        self._world_size = None if world_size is None else int(world_size)
+        self.last_load_source = None
+        self._requested = None  # newest step asked to be persisted
+        self._persist_key = None
+        name = shm or os.environ.get(ENV_SHM) or None
+        if name:
+            store = _C.open_store(name)
+            self.agent = True
+        else:
+            name = f"/ballast-{os.getpid()}-{secrets.token_hex(6)}"
+            store = _C.create_store(name)
+            self.agent = False
+        self._res = _Resources(store)
+        self._finalizer = weakref.finalize(self, self._res.close)
+
+    # -- helpers ---------------------------------------------------------------
+
+    @property
+    def _store(self):
+        if self._res.store is None:
+            raise RuntimeError("this Checkpointer is closed")
+        return self._res.store
+
+    def rank_world(self):
+        """(rank, world_size) this Checkpointer saves and loads as.
+
+        Example::
+
+            rank, world = ckpt.rank_world()
+        """
+        if self._rank is not None:
+            return self._rank, self._world_size
+        d = _dist()
+        if d is not None:
+            return d.get_rank(), d.get_world_size()
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+    def _collective(self, world):
+        d = _dist()
+        return d if d is not None and d.get_world_size() == world else None
+
+    # -- save ------------------------------------------------------------------
+
+    def save(self, step, state_dict, persist=False):
+        """Copies ``state_dict`` into shared memory as ``step``; returns when it is there.
+
+        Tensors (any dtype and shape, non-contiguous or on CUDA) are copied from
+        their memory with the GIL released; everything else is encoded without
+        pickle. With ``persist=True`` the step is also queued to be written to
+        ``dir`` (by the ``ballast run`` agent, or a thread of this process);
+        ``wait()`` blocks until it is durable.
+
+        Example::
+
+            ckpt.save(100, {"model": model.state_dict(), "opt": opt.state_dict(),
+                            "epoch": 3}, persist=True)
+        """
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        rank, world = self.rank_world()
+        entries, keepalive = _tree.encode_state(
+            state_dict, {"rank": rank, "world_size": world, "step": step})
+        self._store.save(step, entries)
+        del keepalive
+        if persist:
+            self._request_persist(step, rank, world)
+
+    def _request_persist(self, step, rank, world):
+        key = (self.dir, rank, world, self.keep)
+        if self.agent:
+            if key != self._persist_key:
+                self._store.set_persist_config(self.dir, rank, world, self.keep)
+                self._persist_key = key
+            self._store.request_persist(step)
+        else:
+            if key != self._persist_key or self._res.persister is None:
+                if self._res.persister is not None:
+                    self._res.persister.close()
+                self._res.persister = _C.LocalPersister(self._store, self.dir, rank, world, self.keep)
+                self._persist_key = key
+            self._res.persister.request(step)
+        self._requested = step if self._requested is None else max(self._requested, step)
+
+    def wait(self, timeout=_DEFAULT_WAIT_S):
+        """Blocks until every step saved with ``persist=True`` is durable on disk.
+
+        Raises TimeoutError after ``timeout`` seconds (under ``ballast run``:
+        when no agent made the step durable), OSError when the write failed.
+
+        Example::
+
+            ckpt.save(step, state, persist=True)
+            ckpt.wait()          # the file is fsync'ed; safe to stop the job
+        """
+        if self._requested is None:
+            return
+        step = self._requested
+        if self.agent:
+            if not self._store.wait_durable(step, float(timeout)):
+                raise TimeoutError(
+                    f"checkpoint step {step} was not made durable within {timeout:g} s: no "
+                    f"ballast agent persisted the shared memory {self._store.name} "
+                    f"(durable step is {self._store.durable_step()}). Run the job under "
+                    f"`ballast run`, or unset {ENV_SHM} to persist from this process")
+        else:
+            self._res.persister.wait(step, float(timeout))
+
+    # -- queries ---------------------------------------------------------------
+
+    def latest_step(self):
+        """The newest step complete and durable on disk (``<dir>/latest``), or None.
+
+        Example::
+
+            ckpt.save(7, state, persist=True); ckpt.wait()
+            assert ckpt.latest_step() == 7
+        """
+        return _C.read_latest_step(self.dir)
+
+    def memory_step(self):
+        """The newest step this rank holds in shared memory, or None.
+
+        Example::
+
+            ckpt.save(8, state)
+            assert ckpt.memory_step() == 8
+        """
+        return self._store.memory_step()
+
+    # -- load ------------------------------------------------------------------
+
+    def load(self, shards=None, *, step=None, device=None):
+        """Loads the newest checkpoint: ``(step, state_dict)``, or ``(None, None)``.
+
+        Memory is used when its step is the newest step that every rank holds
+        (ranks agree through torch.distributed when it is initialized) and was
+        saved by this rank in this world size; otherwise the latest complete
+        step on disk. ``last_load_source`` says which ("memory" or "disk").
+        Tensors come back on the CPU (or ``device``) and never alias the
+        checkpoint's memory.
+
+        Args:
+            shards: ``{key: (global_shape, offsets, shape)}``: return for each key
+                (the tensor's path joined by "/", e.g. "model/fc.weight") a
+                tensor of ``shape`` holding that slice of the global tensor,
+                assembled from every saved rank's pieces (reshard on load:
+                a checkpoint saved by N ranks loads on M).
+            step: load this step instead of the newest.
+            device: move the tensors there (e.g. "cuda").
+
+        Example::
+
+            step, state = ckpt.load()
+            # 2 ranks reading a 100 x 8 weight saved by 4 ranks as ballast.Shard:
+            step, state = ckpt.load(shards={"w": ((100, 8), (50 * rank, 0), (50, 8))})
+            w = state["w"]   # torch.Tensor of shape (50, 8)
+        """
+        rank, world = self.rank_world()
+        shards = _normalize_shards(shards)
+        mem_img, mem_step = None, -1
+        try:
+            snap = self._store.restore(step=step, verify=self.verify)
+            if snap is not None:
+                mem_img = _Image(snap)
+                if self._memory_usable(mem_img, rank, world, shards):
+                    mem_step = snap.step
+        except CheckpointCorruptError as e:
+            # Shared memory is a cache of the disk: fall back rather than fail.
+            warnings.warn(f"ignoring the in-memory checkpoint: {e}")
+            mem_img, snap = None, None
+        if step is not None:
+            disk_step = step if os.path.isdir(_C.step_dir(self.dir, step)) else -1
+        else:
+            latest = _C.read_latest_step(self.dir)
+            disk_step = -1 if latest is None else latest
+        mem_min, mem_max, disk_min, disk_max = mem_step, mem_step, disk_step, disk_step
+        d = self._collective(world)
+        if d is not None:
+            t = torch.tensor([mem_step, -mem_step, disk_step, -disk_step], dtype=torch.int64)
+            if d.get_backend() == "nccl":
+                t = t.cuda()
+            d.all_reduce(t, op=d.ReduceOp.MIN)
+            mem_min, mem_max, disk_min, disk_max = (int(t[0]), -int(t[1]), int(t[2]), -int(t[3]))
+        if mem_step >= 0 and mem_min == mem_max == mem_step and mem_step >= disk_max:
+            state = mem_img.materialize(device, shards_as_tensors=set(shards))
+            self.last_load_source = "memory"
+            return mem_step, state
+        del mem_img, snap
+        if disk_min < 0:
+            if disk_max >= 0:
+                raise RuntimeError(
+                    f"some ranks find no checkpoint in {self.dir} while others find step "
+                    f"{disk_max}: every rank must see the same checkpoint directory")
+            self.last_load_source = None
+            return None, None
+        state = self._load_disk(disk_min, rank, device, shards)
+        self.last_load_source = "disk"
+        return disk_min, state
+
+    @staticmethod
+    def _memory_usable(img, rank, world, shards):
+        doc = img.doc
+        # (An image without a tree, written by another tool, records no rank.)
+        if doc.get("rank", rank) != rank or doc.get("world_size", world) != world:
+            return False
+        pieces = img.shard_nodes()  # also checks that every referenced entry exists
+        if not shards:
+            return True
+        for key, (gs, off, shape) in shards.items():
+            if pieces.get(key) != (gs, off, shape):
+                return False
+        return True
+
+    def _load_disk(self, step, rank, device, shards):
+        if not shards:
+            path = _C.shard_path(self.dir, step, rank)
+            try:
+                snap = _C.read_file(path)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(
+                    f"{e}. Checkpoint step {step} in {self.dir} has no shard for rank {rank}: "
+                    "it was saved by fewer ranks; pass shards= to reshard sharded tensors") from None
+            return _Image(snap).materialize(device)
+        images = _read_all_ranks(self.dir, step)
+        own = next((img for r, img in images if r == rank), images[0][1])
+        imgs = [img for _, img in images]
+        own_pieces = own.shard_nodes()
+        for key in shards:
+            if key not in own_pieces:
+                raise ValueError(f"shards names '{key}', which is not a tensor of checkpoint step "
+                                 f"{step} (it has: {', '.join(sorted(own_pieces)) or 'none'})")
+        assembled = {key: _assemble(key, want, imgs) for key, want in shards.items()}
+        return own.materialize(device, replace=assembled)
+
+    # -- lifetime --------------------------------------------------------------
+
+    def close(self):
+        """Finishes pending persistence and releases the shared memory.
+
+        Example::
+
+            with ballast.Checkpointer("/ckpt") as ckpt:
+                ckpt.save(1, state)
+        """
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _read_all_ranks(dir, step):
+    """[(rank, _Image)] of every rank-*.ballast file of step, verified."""
+    step_dir = _C.step_dir(dir, step)
+    out = []
+    for path in glob.glob(os.path.join(glob.escape(step_dir), "rank-*.ballast")):
+        m = re.fullmatch(r"rank-(\d+)\.ballast", os.path.basename(path))
+        if m:
+            out.append((int(m.group(1)), _Image(_C.read_file(path))))
+    if not out:
+        raise FileNotFoundError(f"checkpoint step {step} has no shard files in {step_dir}")
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+def read_checkpoint(dir, step=None, rank=0, *, full=False):
+    """Reads one rank's state of a step from disk, without shared memory.
+
+    Args:
+        dir: checkpoint directory.
+        step: the step (default: ``<dir>/latest``).
+        rank: whose shard to read.
+        full: return every ``ballast.Shard`` as its whole global tensor,
+            assembled from all ranks' files (else as the rank's own Shard).
+
+    Returns ``(step, state)``. Raises FileNotFoundError when there is no such
+    step, CheckpointCorruptError when a file fails its checksums.
+
+    Example::
+
+        step, state = ballast.read_checkpoint("/ckpt/run1", rank=0, full=True)
+        torch.save(state, "model.pt")
+    """
+    dir = os.path.abspath(os.fspath(dir))
+    if step is None:
+        step = _C.read_latest_step(dir)
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {dir} (no 'latest' file): "
+                                    "pass the step explicitly, `ballast ckpt ls` lists them")
+    if not full:
+        return step, _Image(_C.read_file(_C.shard_path(dir, step, rank))).materialize()
+    images = _read_all_ranks(dir, step)
+    own = next((img for r, img in images if r == rank), images[0][1])
+    imgs = [img for _, img in images]
+    wants = {k: (gs, (0,) * len(gs), gs) for k, (gs, _off, _shape) in own.shard_nodes().items()}
+    sharded = {}
+    refs = []
+    _tree.walk_refs(own.doc["tree"], refs)
+    for node in refs:
+        if "s" in node:
+            sharded[node["s"]] = _assemble(node["s"], wants[node["s"]], imgs)
+    return step, own.materialize(replace=sharded)

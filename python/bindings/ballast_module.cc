@@ -1,0 +1,622 @@
+// ballast._ballast: the thin pybind11 layer over the flash-checkpoint core
+// (src/ckpt). Byte-oriented on purpose: Python hands in (key, dtype name,
+// shape, data pointer, nbytes) records and gets back snapshots it copies out of;
+// the state-dict tree encoding lives in python/ballast/_tree.py.
+//
+// Every copy and every blocking call runs with the GIL released. Statuses turn
+// into Python exceptions only here (see ThrowStatus): kDataLoss ->
+// CheckpointCorruptError(RuntimeError), kNotFound -> FileNotFoundError,
+// kInvalidArgument -> ValueError, kDeadlineExceeded -> TimeoutError, ...
+//
+// Lifetimes: a Store holds its SlotStore through a shared_ptr; snapshots and
+// persisters taken from it share that ownership, so the shared memory (and the
+// owner's unlink) lasts as long as anything uses it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/copy_pool.h"
+#include "ckpt/format.h"
+#include "ckpt/persister.h"
+#include "ckpt/reader.h"
+#include "ckpt/shm_segment.h"
+#include "ckpt/slot_store.h"
+#include "ckpt/snapshot.h"
+
+namespace py = pybind11;
+
+namespace ballast::python {
+namespace {
+
+using ckpt::CopyPool;
+using ckpt::DType;
+
+PyObject* g_corrupt_error = nullptr;  // ballast.CheckpointCorruptError
+
+// Raises the Python exception that tells the caller what to do about `s`.
+// Needs the GIL.
+[[noreturn]] void ThrowStatus(const absl::Status& s) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (s.code()) {
+    case absl::StatusCode::kDataLoss:
+      type = g_corrupt_error;
+      break;
+    case absl::StatusCode::kNotFound:
+      type = PyExc_FileNotFoundError;
+      break;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      type = PyExc_ValueError;
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      type = PyExc_TimeoutError;
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      type = PyExc_PermissionError;
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      type = PyExc_FileExistsError;
+      break;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+      type = PyExc_OSError;
+      break;
+    case absl::StatusCode::kUnimplemented:
+      type = PyExc_NotImplementedError;
+      break;
+    default:
+      break;
+  }
+  PyErr_SetString(type, std::string(s.message()).c_str());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) ThrowStatus(s);
+}
+
+// Threads for loads (copies out of snapshots). Leaked on purpose: joining
+// threads from a static destructor at interpreter exit is fragile.
+CopyPool* LoadPool() {
+  static CopyPool* pool = new CopyPool(ckpt::DefaultCopyThreads());
+  return pool;
+}
+
+struct CopyJob {
+  const uint8_t* src;
+  uint8_t* dst;
+  uint64_t n;
+};
+
+// Asks for transparent huge pages on the 2 MiB-aligned interior of a fresh
+// destination buffer: first-touch faults of 4 KiB pages otherwise cost more
+// than the copy itself (a load writes into newly allocated tensors).
+void AdviseHugePages(uint8_t* dst, uint64_t n) {
+  constexpr uintptr_t kHuge = 2u << 20;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(dst) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(dst) + n) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // best effort
+}
+
+// Runs the copies over `pool`, large ones split into chunks. No GIL needed.
+void RunCopies(const std::vector<CopyJob>& jobs, CopyPool* pool) {
+  constexpr uint64_t kChunk = 4u << 20;
+  for (const CopyJob& j : jobs) {
+    if (j.n >= (4u << 20)) AdviseHugePages(j.dst, j.n);
+  }
+  uint64_t total = 0;
+  for (const CopyJob& j : jobs) total += j.n;
+  if (total < ckpt::kDefaultParallelCopyThreshold || pool->threads() == 1) {
+    for (const CopyJob& j : jobs) {
+      if (j.n > 0) std::memcpy(j.dst, j.src, j.n);
+    }
+    return;
+  }
+  std::vector<CopyJob> chunks;
+  for (const CopyJob& j : jobs) {
+    for (uint64_t off = 0; off < j.n; off += kChunk) {
+      chunks.push_back({j.src + off, j.dst + off, std::min(kChunk, j.n - off)});
+    }
+  }
+  pool->Run(chunks.size(), [&](size_t i) { std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].n); });
+}
+
+std::vector<int64_t> ToShape(const py::handle& obj) {
+  std::vector<int64_t> shape;
+  for (py::handle d : obj) shape.push_back(py::cast<int64_t>(d));
+  return shape;
+}
+
+py::tuple ShapeTuple(const std::vector<int64_t>& shape) {
+  py::tuple t(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t[i] = py::int_(shape[i]);
+  return t;
+}
+
+// A validated checkpoint image (pinned slot or mapped file), read-only.
+class PySnapshot {
+ public:
+  PySnapshot(ckpt::Snapshot snap, std::shared_ptr<ckpt::SlotStore> store)
+      : snap_(std::move(snap)), store_(std::move(store)) {}
+
+  uint64_t step() const { return snap_.step(); }
+  const std::string& source() const { return snap_.source(); }
+
+  // [(key, dtype name, shape tuple, nbytes)] in storage order.
+  py::list Entries() const {
+    py::list out;
+    for (const ckpt::Entry& e : snap_.entries()) {
+      out.append(py::make_tuple(e.key, std::string(ckpt::DTypeName(e.dtype)), ShapeTuple(e.shape),
+                                e.nbytes));
+    }
+    return out;
+  }
+
+  py::bytes ReadBytes(size_t index) const {
+    const ckpt::Entry& e = At(index);
+    return py::bytes(reinterpret_cast<const char*>(snap_.Data(e)), e.nbytes);
+  }
+
+  // Copies entry i's bytes to dst for each (i, dst) of `targets` (dst: an
+  // address with room for the entry's nbytes, e.g. a fresh tensor's
+  // data_ptr()).
+  void CopyTo(const std::vector<std::pair<size_t, uintptr_t>>& targets) const {
+    std::vector<CopyJob> jobs;
+    jobs.reserve(targets.size());
+    for (const auto& [index, dst] : targets) {
+      const ckpt::Entry& e = At(index);
+      jobs.push_back({snap_.Data(e), reinterpret_cast<uint8_t*>(dst), e.nbytes});
+    }
+    py::gil_scoped_release release;
+    RunCopies(jobs, LoadPool());
+  }
+
+  // Copies the box [src_start, src_start + box) of entry `index` (a row-major
+  // array of src_shape with elements of elem_size bytes) to
+  // [dst_start, dst_start + box) of the row-major array of dst_shape at dst.
+  void CopyBox(size_t index, uint64_t elem_size, const std::vector<int64_t>& src_shape,
+               const std::vector<int64_t>& src_start, uintptr_t dst,
+               const std::vector<int64_t>& dst_shape, const std::vector<int64_t>& dst_start,
+               const std::vector<int64_t>& box) const {
+    const ckpt::Entry& e = At(index);
+    const size_t nd = box.size();
+    if (src_shape.size() != nd || src_start.size() != nd || dst_shape.size() != nd ||
+        dst_start.size() != nd || elem_size == 0) {
+      Check(absl::InvalidArgumentError("copy_box: rank mismatch"));
+    }
+    uint64_t src_elems = 1;
+    for (size_t d = 0; d < nd; ++d) {
+      if (box[d] < 0 || src_start[d] < 0 || dst_start[d] < 0 ||
+          src_start[d] + box[d] > src_shape[d] || dst_start[d] + box[d] > dst_shape[d]) {
+        Check(absl::InvalidArgumentError(absl::StrCat("copy_box: box out of bounds in dim ", d)));
+      }
+      src_elems *= static_cast<uint64_t>(src_shape[d]);
+    }
+    if (src_elems * elem_size != e.nbytes) {
+      Check(absl::InvalidArgumentError(absl::StrCat("copy_box: entry '", e.key, "' has ", e.nbytes,
+                                                    " bytes, not ", src_elems * elem_size)));
+    }
+    for (int64_t b : box) {
+      if (b == 0) return;
+    }
+    const uint8_t* src = snap_.Data(e);
+    uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+    py::gil_scoped_release release;
+    if (nd == 0) {
+      std::memcpy(out, src, elem_size);
+      return;
+    }
+    // Row-major strides in bytes.
+    std::vector<uint64_t> ss(nd), ds(nd);
+    ss[nd - 1] = ds[nd - 1] = elem_size;
+    for (size_t d = nd - 1; d > 0; --d) {
+      ss[d - 1] = ss[d] * static_cast<uint64_t>(src_shape[d]);
+      ds[d - 1] = ds[d] * static_cast<uint64_t>(dst_shape[d]);
+    }
+    const uint64_t row = static_cast<uint64_t>(box[nd - 1]) * elem_size;
+    std::vector<int64_t> idx(nd, 0);  // position inside the box, last dim fixed at 0
+    while (true) {
+      uint64_t so = 0, dof = 0;
+      for (size_t d = 0; d < nd; ++d) {
+        so += static_cast<uint64_t>(src_start[d] + idx[d]) * ss[d];
+        dof += static_cast<uint64_t>(dst_start[d] + idx[d]) * ds[d];
+      }
+      std::memcpy(out + dof, src + so, row);
+      // Advance the odometer over dims [0, nd - 1).
+      size_t d = nd - 1;
+      while (d > 0) {
+        --d;
+        if (++idx[d] < box[d]) break;
+        idx[d] = 0;
+        if (d == 0) return;
+      }
+      if (nd == 1) return;
+    }
+  }
+
+ private:
+  const ckpt::Entry& At(size_t index) const {
+    if (index >= snap_.entries().size()) {
+      PyErr_SetString(PyExc_IndexError, "snapshot entry index out of range");
+      throw py::error_already_set();
+    }
+    return snap_.entries()[index];
+  }
+
+  ckpt::Snapshot snap_;
+  std::shared_ptr<ckpt::SlotStore> store_;  // keeps a pinned slot's store alive
+};
+
+// One rank's SlotStore (created by the agent, or by a Checkpointer without one)
+// and this process's writer into it.
+class PyStore {
+ public:
+  explicit PyStore(std::shared_ptr<ckpt::SlotStore> store) : store_(std::move(store)) {}
+
+  static std::unique_ptr<PyStore> Create(const std::string& name, int num_slots,
+                                         uint64_t initial_slot_bytes, bool prefault) {
+    ckpt::SlotStoreOptions options;
+    options.num_slots = num_slots;
+    options.initial_slot_bytes = initial_slot_bytes;
+    options.prefault = prefault;
+    absl::StatusOr<std::unique_ptr<ckpt::SlotStore>> s;
+    {
+      py::gil_scoped_release release;
+      s = ckpt::SlotStore::Create(name, options);
+    }
+    Check(s.status());
+    return std::make_unique<PyStore>(std::shared_ptr<ckpt::SlotStore>(std::move(*s)));
+  }
+
+  static std::unique_ptr<PyStore> Open(const std::string& name, bool prefault) {
+    absl::StatusOr<std::unique_ptr<ckpt::SlotStore>> s;
+    {
+      py::gil_scoped_release release;
+      s = ckpt::SlotStore::Open(name, prefault);
+    }
+    if (absl::IsNotFound(s.status())) {
+      Check(absl::NotFoundError(absl::StrCat(
+          "no flash-checkpoint shared memory named ", name, " (", s.status().message(),
+          "): BALLAST_CKPT_SHM names a store the `ballast run` agent creates; unset it to run "
+          "without an agent")));
+    }
+    Check(s.status());
+    return std::make_unique<PyStore>(std::shared_ptr<ckpt::SlotStore>(std::move(*s)));
+  }
+
+  const std::shared_ptr<ckpt::SlotStore>& store() const {
+    if (!store_) {
+      PyErr_SetString(PyExc_RuntimeError, "the checkpoint store is closed");
+      throw py::error_already_set();
+    }
+    return store_;
+  }
+
+  // entries: [(key, dtype name, shape, data, nbytes)] where data is an address
+  // (int) or a bytes object. Returns {"seconds", "image_bytes", "slot"}.
+  py::dict Save(uint64_t step, const py::list& entries) {
+    ckpt::SlotStore* store = this->store().get();
+    std::vector<ckpt::EntryView> views;
+    views.reserve(entries.size());
+    for (py::handle item : entries) {
+      auto t = py::reinterpret_borrow<py::tuple>(item);
+      if (t.size() != 5) Check(absl::InvalidArgumentError("save: entries are 5-tuples"));
+      ckpt::EntryView v;
+      v.key = py::cast<std::string>(t[0]);
+      absl::StatusOr<DType> dtype = ckpt::DTypeFromName(py::cast<std::string>(t[1]));
+      Check(dtype.status());
+      v.dtype = *dtype;
+      v.shape = ToShape(t[2]);
+      py::handle data = t[3];
+      if (PyBytes_Check(data.ptr())) {
+        // The caller's list keeps the bytes object alive during the save.
+        v.data = PyBytes_AS_STRING(data.ptr());
+      } else {
+        v.data = reinterpret_cast<const void*>(py::cast<uintptr_t>(data));
+      }
+      v.nbytes = py::cast<uint64_t>(t[4]);
+      views.push_back(std::move(v));
+    }
+    if (!writer_) writer_ = std::make_unique<ckpt::CheckpointWriter>(store, writer_options_);
+    absl::StatusOr<ckpt::SaveStats> stats;
+    {
+      py::gil_scoped_release release;
+      stats = writer_->Save(step, views);
+    }
+    if (absl::IsUnavailable(stats.status())) {
+      Check(absl::UnavailableError(absl::StrCat(
+          "checkpoint step ", step, " not saved: every shared-memory slot is being read (",
+          stats.status().message(), "); save again later")));
+    }
+    Check(stats.status());
+    py::dict out;
+    out["seconds"] = stats->seconds;
+    out["image_bytes"] = stats->image_bytes;
+    out["slot"] = stats->slot;
+    return out;
+  }
+
+  // The newest committed step (or `step`), validated; None when there is none.
+  std::optional<PySnapshot> Restore(std::optional<uint64_t> step, bool verify) {
+    std::shared_ptr<ckpt::SlotStore> store = this->store();
+    ckpt::RestoreOptions options;
+    options.verify_data = verify;
+    options.step = step;
+    options.pool = LoadPool();
+    absl::StatusOr<ckpt::Snapshot> snap;
+    {
+      py::gil_scoped_release release;
+      snap = ckpt::RestoreFromShm(store.get(), options);
+    }
+    if (absl::IsNotFound(snap.status())) return std::nullopt;
+    Check(snap.status());
+    return PySnapshot(std::move(*snap), store);
+  }
+
+  std::optional<uint64_t> MemoryStep() {
+    absl::StatusOr<ckpt::PinnedSlot> pin = store()->PinLatest();
+    if (absl::IsNotFound(pin.status())) return std::nullopt;
+    Check(pin.status());
+    return pin->step();
+  }
+
+  void SetPersistConfig(const std::string& dir, int rank, int world_size, int keep) {
+    ckpt::PersistConfig c;
+    c.dir = dir;
+    c.rank = rank;
+    c.world_size = world_size;
+    c.keep_last = keep;
+    Check(store()->SetPersistConfig(c));
+  }
+
+  py::object GetPersistConfig() {
+    std::optional<ckpt::PersistConfig> c = store()->GetPersistConfig();
+    if (!c) return py::none();
+    py::dict d;
+    d["dir"] = c->dir;
+    d["rank"] = c->rank;
+    d["world_size"] = c->world_size;
+    d["keep"] = c->keep_last;
+    return d;
+  }
+
+  // Polls durable_step() until it reaches `step` or timeout_s passes.
+  bool WaitDurable(uint64_t step, double timeout_s) {
+    std::shared_ptr<ckpt::SlotStore> store = this->store();
+    py::gil_scoped_release release;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    auto sleep = std::chrono::microseconds(200);
+    while (store->durable_step() < step) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
+  // Test hook: the next saves write `path` once their data is copied, then
+  // stop forever before committing (the test SIGKILLs the process there).
+  void SetTestPauseBeforeCommit(const std::string& path) {
+    writer_options_.before_commit_for_test = [path] {
+      { std::ofstream(path) << getpid() << "\n"; }
+      while (true) pause();
+    };
+    writer_.reset();
+  }
+
+  void Close() {
+    writer_.reset();
+    store_.reset();
+  }
+
+ private:
+  std::shared_ptr<ckpt::SlotStore> store_;
+  ckpt::WriterOptions writer_options_;
+  std::unique_ptr<ckpt::CheckpointWriter> writer_;  // borrows *store_
+};
+
+// Without an agent: persists the store's committed steps on a thread of this
+// process and commits steps with LocalCommitCoordinator.
+class PyLocalPersister {
+ public:
+  PyLocalPersister(const PyStore& store, const std::string& dir, int rank, int world_size, int keep)
+      : store_(store.store()),
+        coordinator_(dir, world_size, keep),
+        persister_(store_.get(), &coordinator_, ckpt::PersisterOptions{dir, rank, {}}),
+        async_(std::make_unique<ckpt::AsyncPersister>(&persister_)) {}
+
+  ~PyLocalPersister() {
+    py::gil_scoped_release release;
+    async_.reset();
+  }
+
+  void Request(uint64_t step) { Live()->Request(step); }
+
+  void Wait(uint64_t step, double timeout_s) {
+    ckpt::AsyncPersister* async = Live();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = async->WaitDurable(step, timeout_s);
+    }
+    if (s.ok()) {
+      store_->MarkDurable(step);
+      return;
+    }
+    if (absl::IsDeadlineExceeded(s)) {
+      Check(absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint step ", step, " is not durable yet (", s.message(),
+          "); the disk may be slow: call wait() again with a larger timeout")));
+    }
+    Check(s);
+  }
+
+  // Finishes the pending request, then stops the thread.
+  void Close() {
+    py::gil_scoped_release release;
+    async_.reset();
+  }
+
+ private:
+  ckpt::AsyncPersister* Live() {
+    if (!async_) {
+      PyErr_SetString(PyExc_RuntimeError, "the checkpoint persister is closed");
+      throw py::error_already_set();
+    }
+    return async_.get();
+  }
+
+  std::shared_ptr<ckpt::SlotStore> store_;
+  ckpt::LocalCommitCoordinator coordinator_;
+  ckpt::Persister persister_;
+  std::unique_ptr<ckpt::AsyncPersister> async_;
+};
+
+PySnapshot ReadFile(const std::string& path, bool verify) {
+  ckpt::ReadOptions options;
+  options.verify_data = verify;
+  absl::StatusOr<ckpt::Snapshot> snap;
+  {
+    py::gil_scoped_release release;
+    snap = ckpt::ReadCheckpointFile(path, options);
+  }
+  Check(snap.status());
+  return PySnapshot(std::move(*snap), nullptr);
+}
+
+std::optional<uint64_t> ReadLatestStep(const std::string& dir) {
+  absl::StatusOr<uint64_t> step = ckpt::ReadLatestStep(dir);
+  if (absl::IsNotFound(step.status())) return std::nullopt;
+  Check(step.status());
+  return *step;
+}
+
+// Benchmark floor: seconds of the best of `repeats` plain parallel memcpys of
+// the (address, nbytes) buffers, back to back, into pre-faulted shared memory.
+double BenchMemcpy(const std::vector<std::pair<uintptr_t, uint64_t>>& buffers, int threads,
+                   int repeats) {
+  uint64_t total = 0;
+  for (const auto& b : buffers) total += b.second;
+  const std::string name = absl::StrCat("/ballast-bench-", getpid());
+  absl::StatusOr<std::unique_ptr<ckpt::ShmSegment>> seg;
+  {
+    py::gil_scoped_release release;
+    seg = ckpt::ShmSegment::Create(name, std::max<uint64_t>(total, 4096), true);
+  }
+  Check(seg.status());
+  std::unique_ptr<ckpt::ShmSegment> segment = std::move(*seg);
+  (void)ckpt::ShmSegment::Unlink(name);  // the mapping stays valid
+  double best = 1e30;
+  {
+    py::gil_scoped_release release;
+    (void)segment->Prefault(0, segment->size());  // best effort, like the slots
+    CopyPool pool(threads > 0 ? threads : ckpt::DefaultCopyThreads());
+    for (int r = 0; r < std::max(repeats, 1); ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      uint64_t off = 0;
+      for (const auto& [addr, n] : buffers) {
+        ckpt::ParallelMemcpy(segment->data() + off, reinterpret_cast<const void*>(addr), n, &pool);
+        off += n;
+      }
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  return best;
+}
+
+}  // namespace
+}  // namespace ballast::python
+
+PYBIND11_MODULE(_ballast, m) {
+  using namespace ballast::python;  // NOLINT: module definition only
+  namespace ckpt = ballast::ckpt;
+  m.doc() = "Ballast flash-checkpoint core (internal; use the `ballast` package).";
+
+  g_corrupt_error = PyErr_NewExceptionWithDoc(
+      "ballast.CheckpointCorruptError",
+      "A checkpoint file or shared-memory image failed validation (bad magic, size or "
+      "checksum). Restore from another step or delete the named file.\n\n"
+      "Example::\n\n"
+      "    try:\n"
+      "        step, state = ckpt.load()\n"
+      "    except ballast.CheckpointCorruptError as e:\n"
+      "        print(e)  # names the file; `ballast ckpt verify DIR` checks them all\n"
+      "        step, state = ckpt.load(step=older_step)",
+      PyExc_RuntimeError, nullptr);
+  m.add_object("CheckpointCorruptError", py::handle(g_corrupt_error));
+
+  py::class_<PySnapshot>(m, "Snapshot")
+      .def_property_readonly("step", &PySnapshot::step)
+      .def_property_readonly("source", &PySnapshot::source)
+      .def("entries", &PySnapshot::Entries)
+      .def("read_bytes", &PySnapshot::ReadBytes, py::arg("index"))
+      .def("copy_to", &PySnapshot::CopyTo, py::arg("targets"))
+      .def("copy_box", &PySnapshot::CopyBox, py::arg("index"), py::arg("elem_size"),
+           py::arg("src_shape"), py::arg("src_start"), py::arg("dst"), py::arg("dst_shape"),
+           py::arg("dst_start"), py::arg("box"));
+
+  py::class_<PyStore>(m, "Store")
+      .def_static("create", &PyStore::Create, py::arg("name"), py::arg("num_slots") = 2,
+                  py::arg("initial_slot_bytes") = 0, py::arg("prefault") = true)
+      .def_static("open", &PyStore::Open, py::arg("name"), py::arg("prefault") = true)
+      .def_property_readonly("name", [](const PyStore& s) { return s.store()->name(); })
+      .def_property_readonly("owner", [](const PyStore& s) { return s.store()->owner(); })
+      .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"))
+      .def("restore", &PyStore::Restore, py::arg("step") = py::none(), py::arg("verify") = true)
+      .def("memory_step", &PyStore::MemoryStep)
+      .def("set_persist_config", &PyStore::SetPersistConfig, py::arg("dir"), py::arg("rank"),
+           py::arg("world_size"), py::arg("keep"))
+      .def("get_persist_config", &PyStore::GetPersistConfig)
+      .def("request_persist",
+           [](const PyStore& s, uint64_t step) { s.store()->RequestPersist(step); })
+      .def("requested_persist_step",
+           [](const PyStore& s) { return s.store()->requested_persist_step(); })
+      .def("mark_durable", [](const PyStore& s, uint64_t step) { s.store()->MarkDurable(step); })
+      .def("durable_step", [](const PyStore& s) { return s.store()->durable_step(); })
+      .def("mark_committed",
+           [](const PyStore& s, uint64_t step) { s.store()->MarkCommitted(step); })
+      .def("committed_step", [](const PyStore& s) { return s.store()->committed_step(); })
+      .def("wait_durable", &PyStore::WaitDurable, py::arg("step"), py::arg("timeout_s"))
+      .def("_set_test_pause_before_commit", &PyStore::SetTestPauseBeforeCommit, py::arg("path"))
+      .def("close", &PyStore::Close);
+
+  py::class_<PyLocalPersister>(m, "LocalPersister")
+      .def(py::init<const PyStore&, const std::string&, int, int, int>(), py::arg("store"),
+           py::arg("dir"), py::arg("rank"), py::arg("world_size"), py::arg("keep"))
+      .def("request", &PyLocalPersister::Request, py::arg("step"))
+      .def("wait", &PyLocalPersister::Wait, py::arg("step"), py::arg("timeout_s"))
+      .def("close", &PyLocalPersister::Close);
+
+  m.def("create_store", &PyStore::Create, py::arg("name"), py::arg("num_slots") = 2,
+        py::arg("initial_slot_bytes") = 0, py::arg("prefault") = true,
+        "Creates (and owns) a SlotStore, as the agent does; for tests and tools.");
+  m.def("open_store", &PyStore::Open, py::arg("name"), py::arg("prefault") = true);
+  m.def("read_file", &ReadFile, py::arg("path"), py::arg("verify") = true);
+  m.def("read_latest_step", &ReadLatestStep, py::arg("dir"));
+  m.def("list_steps", &ckpt::ListSteps, py::arg("dir"));
+  m.def("list_complete_steps", &ckpt::ListCompleteSteps, py::arg("dir"));
+  m.def("shard_path", &ckpt::ShardPath, py::arg("dir"), py::arg("step"), py::arg("rank"));
+  m.def("step_dir", &ckpt::StepDir, py::arg("dir"), py::arg("step"));
+  m.def("default_copy_threads", &ckpt::DefaultCopyThreads);
+  m.def("bench_memcpy", &BenchMemcpy, py::arg("buffers"), py::arg("threads") = 0,
+        py::arg("repeats") = 1);
+}

@@ -1,0 +1,276 @@
+#include "agent/ckpt_persister.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <regex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "ckpt/format.h"
+#include "ckpt/persister.h"
+#include "ckpt/reader.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::agent {
+namespace {
+
+// FNV-1a: stable across builds and platforms (std::hash is not), so the same
+// job id always gives the same name prefix.
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
+}
+
+// Pins the newest committed step <= limit: the requested step itself when it
+// is still in memory, else an older committed one. kNotFound when every
+// committed slot holds a newer step (the request was overwritten).
+absl::StatusOr<ckpt::PinnedSlot> PinNewestAtMost(ckpt::SlotStore* store, uint64_t limit) {
+  absl::StatusOr<ckpt::PinnedSlot> pin = store->PinStep(limit);
+  if (pin.ok() || !absl::IsNotFound(pin.status())) return pin;
+  std::optional<uint64_t> best;
+  for (const ckpt::SlotInfo& info : store->Inspect()) {
+    if (info.state != ckpt::SlotState::kCommitted || info.step > limit) continue;
+    if (!best.has_value() || info.step > *best) best = info.step;
+  }
+  if (!best.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no committed step <= ", limit, " in memory"));
+  }
+  // Inspect is a racy snapshot: the slot may have been overwritten since, and
+  // then PinStep says kNotFound, which is the truth by now.
+  return store->PinStep(*best);
+}
+
+}  // namespace
+
+std::string CkptStorePrefix(const std::string& job_id, pid_t pid) {
+  return absl::StrFormat("/ballast-%08x-%d", Fnv1a(job_id), static_cast<int>(pid));
+}
+
+int RemoveStaleCkptStores(const std::string& shm_dir) {
+  namespace fs = std::filesystem;
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(shm_dir, ec)) {
+    // ballast-<8 hex>-<pid>-<local rank>[.s<slot>]
+    static const std::regex kStoreName("ballast-[0-9a-f]{8}-([0-9]{1,9})-[0-9]+(\\.s[0-9]+)?");
+    const std::string name = de.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, kStoreName)) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(m[1].str(), &pid) || pid <= 0 || pid == getpid()) continue;
+    // Only a pid that certainly does not exist: EPERM means it lives (another user's).
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (fs::remove(de.path(), ec)) ++removed;
+  }
+  if (removed > 0) spdlog::info("removed {} shared-memory checkpoint objects of dead agents", removed);
+  return removed;
+}
+
+CkptPersister::CkptPersister(CkptPersisterOptions options, ShardReporter reporter)
+    : options_(std::move(options)), reporter_(std::move(reporter)) {}
+
+absl::StatusOr<std::unique_ptr<CkptPersister>> CkptPersister::Create(CkptPersisterOptions options,
+                                                                     ShardReporter reporter) {
+  std::unique_ptr<CkptPersister> p(new CkptPersister(std::move(options), std::move(reporter)));
+  ckpt::SlotStoreOptions so;
+  so.num_slots = 2;  // a save proceeds while the previous step is persisted
+  so.initial_slot_bytes = 0;
+  so.prefault = true;
+  so.replace_existing = true;
+  for (int lr = 0; lr < p->options_.local_world_size; ++lr) {
+    auto s = std::make_unique<Store>();
+    s->local_rank = lr;
+    // On error the stores created so far are unlinked by their destructors.
+    ASSIGN_OR_RETURN(s->slots, ckpt::SlotStore::Create(absl::StrCat(p->options_.name_prefix, "-", lr), so));
+    p->stores_.push_back(std::move(s));
+  }
+  return p;
+}
+
+CkptPersister::~CkptPersister() { Stop(); }
+
+void CkptPersister::Start() {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void CkptPersister::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CkptPersister::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    PollOnce();
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::duration<double>(options_.poll_interval_s), [&] { return stop_; });
+  }
+}
+
+std::string CkptPersister::Keys(const ckpt::PersistConfig& cfg) const {
+  return absl::StrCat("node=", options_.node_id, " rank=", cfg.rank, " round=", round_.load());
+}
+
+void CkptPersister::PollOnce() {
+  for (auto& sp : stores_) {
+    Store& s = *sp;
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
+    if (!cfg.has_value()) continue;  // the worker never asked for persistence
+    const auto now = Clock::now();
+    const uint64_t requested = s.slots->requested_persist_step();
+    const uint64_t durable = s.slots->durable_step();
+    if (requested > durable && requested != s.skipped_request &&
+        !(requested == s.failed_step && now < s.retry_at)) {
+      absl::StatusOr<ckpt::PinnedSlot> pin = PinNewestAtMost(s.slots.get(), requested);
+      if (!pin.ok()) {
+        // Newer steps the worker did not ask to persist overwrote the request
+        // (two slots): persisting a newer step would leave a shard no other
+        // rank writes. Wait for the worker's next request.
+        s.skipped_request = requested;
+        spdlog::warn("checkpoint step {} can no longer be persisted ({}); waiting for the next persist request {}",
+                     requested, std::string(pin.status().message()), Keys(*cfg));
+      } else if (pin->step() <= durable) {
+        s.skipped_request = requested;  // nothing newer than what is on disk
+      } else {
+        const uint64_t step = pin->step();
+        absl::Status st = PersistLocked(s, *std::move(pin), *cfg, options_.report_timeout_s);
+        if (!st.ok()) {
+          s.failed_step = requested;
+          s.retry_at = now + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(options_.retry_after_s));
+          spdlog::error("cannot persist checkpoint step {} to {}: {} (retrying in {} s) {}", step, cfg->dir,
+                        st.ToString(), options_.retry_after_s, Keys(*cfg));
+        }
+      }
+    }
+    if (s.unreported.has_value() && Clock::now() >= s.report_retry_at) ReportLocked(s, options_.report_timeout_s);
+    // Commits made by other agents: `latest` is the truth about what is
+    // globally committed (it only moves after COMPLETE). Cheap (a tiny file),
+    // and only read while this store has a durable step not known committed.
+    if (s.slots->committed_step() < s.slots->durable_step() && Clock::now() >= s.next_latest_check) {
+      s.next_latest_check = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(options_.latest_check_interval_s));
+      absl::StatusOr<uint64_t> latest = ckpt::ReadLatestStep(cfg->dir);
+      if (latest.ok()) s.slots->MarkCommitted(*latest);
+    }
+  }
+}
+
+absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg,
+                                          double report_timeout_s) {
+  const uint64_t step = pin.step();
+  // Header and index only (the data checksum travels in the header and is
+  // verified by whoever loads the file): never write something that is not a
+  // checkpoint image under a shard's name.
+  ckpt::ParseOptions parse;
+  parse.verify_data = false;
+  RETURN_IF_ERROR(ckpt::ParseImage(pin.image(), pin.image_bytes(),
+                                   absl::StrCat("shm:", ckpt::SlotStore::SlotName(s.slots->name(), pin.slot())), parse)
+                      .status());
+  // The pin keeps the writer off this slot while we write it, without a copy.
+  RETURN_IF_ERROR(ckpt::WriteShardFile(cfg.dir, step, cfg.rank, pin.image(), pin.image_bytes()));
+  pin.Release();
+  // Only after the shard's rename and the directory fsync: a worker waiting on
+  // durable_step() may then rely on the file surviving a crash.
+  s.slots->MarkDurable(step);
+  s.unreported = Store::Unreported{step, cfg};
+  ReportLocked(s, report_timeout_s);
+  return absl::OkStatus();
+}
+
+void CkptPersister::ReportLocked(Store& s, double timeout_s) {
+  const Store::Unreported u = *s.unreported;
+  v1::ShardDurableReport report;
+  report.set_node_id(options_.node_id);
+  report.set_round(round_.load());
+  report.set_step(static_cast<int64_t>(u.step));
+  report.set_rank(u.config.rank);
+  report.set_world_size(u.config.world_size);
+  report.set_dir(u.config.dir);
+  absl::StatusOr<v1::ShardDurableResponse> r =
+      reporter_ ? reporter_(report, timeout_s) : absl::UnavailableError("no master to report to");
+  bool commit = false;
+  if (r.ok()) {
+    s.unreported.reset();
+    commit = r->commit();
+  } else if (Retryable(r.status())) {
+    s.report_retry_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.retry_after_s));
+    // Without the master (lost, or gone after the job ended) the shards on
+    // disk are still the truth: commit when every rank's is there. Commits
+    // are serialized by a lock file and idempotent, so a later commit by the
+    // master's chosen reporter does no harm.
+    commit = ckpt::AllShardsDurable(u.config.dir, u.step, u.config.world_size);
+    if (commit) s.unreported.reset();  // `latest` will say it; the master need not
+    if (commit || s.report_warned_step != u.step) {
+      s.report_warned_step = u.step;
+      spdlog::warn("could not report durable checkpoint step {} to the master: {}{} {}", u.step,
+                   r.status().ToString(),
+                   commit ? "; all shards are on disk, committing it here" : "; retrying", Keys(u.config));
+    }
+  } else {
+    s.unreported.reset();
+    spdlog::error("the master refused the durable checkpoint step {}: {} {}", u.step, r.status().ToString(),
+                  Keys(u.config));
+  }
+  if (!commit) return;
+  absl::Status c = ckpt::CommitStep(u.config.dir, u.step, u.config.world_size, u.config.keep_last);
+  if (!c.ok()) {
+    spdlog::error("cannot commit checkpoint step {} in {}: {} {}", u.step, u.config.dir, c.ToString(),
+                  Keys(u.config));
+    return;
+  }
+  s.slots->MarkCommitted(u.step);
+  spdlog::info("checkpoint step {} committed in {} ({} ranks) {}", u.step, u.config.dir, u.config.world_size,
+               Keys(u.config));
+}
+
+int CkptPersister::BreakpointSave(const std::string& why) {
+  int written = 0;
+  // Once the master failed to answer, don't wait the full deadline for every
+  // other store: the reports are retried by the poll thread anyway.
+  double report_timeout_s = options_.breakpoint_report_timeout_s;
+  for (auto& sp : stores_) {
+    Store& s = *sp;
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
+    if (!cfg.has_value()) continue;
+    absl::StatusOr<ckpt::PinnedSlot> pin = s.slots->PinLatest();
+    if (!pin.ok()) continue;  // nothing in memory
+    const uint64_t step = pin->step();
+    if (step <= s.slots->durable_step()) continue;
+    auto t0 = Clock::now();
+    absl::Status st = PersistLocked(s, *std::move(pin), *cfg, report_timeout_s);
+    if (s.unreported.has_value()) report_timeout_s = 0.2;
+    if (!st.ok()) {
+      spdlog::error("breakpoint save of step {} to {} failed: {} {}", step, cfg->dir, st.ToString(), Keys(*cfg));
+      continue;
+    }
+    ++written;
+    spdlog::info("breakpoint save: step {} of rank {} persisted from memory before restart ({}, {:.3f} s) {}", step,
+                 cfg->rank, why, std::chrono::duration<double>(Clock::now() - t0).count(), Keys(*cfg));
+  }
+  return written;
+}
+
+}  // namespace ballast::agent

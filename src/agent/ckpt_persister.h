@@ -1,0 +1,166 @@
+// CkptPersister: the agent's side of flash checkpoint under `ballast run`.
+//
+// What it owns: one ckpt::SlotStore per local rank (shared memory under
+// /dev/shm, created before the first round and unlinked when the persister is
+// destroyed, i.e. when the agent exits). A store outlives every worker that
+// writes it, so a restarted worker finds the previous incarnation's steps in
+// memory. Workers find their store through env BALLAST_CKPT_SHM.
+//
+// The persistence channel (slot_store.h): a worker that wants a step on disk
+// sets its PersistConfig (dir, rank, world size, keep) and calls
+// RequestPersist(step); it waits for durable_step() >= step. This class
+//  - polls every store (its own thread, every poll_interval_s): when
+//    requested_persist_step() > durable_step(), pins the newest committed step
+//    not newer than the request, writes it as the rank's shard
+//    (ckpt::WriteShardFile: temp, fsync, rename, dir fsync), and only then
+//    marks it durable: durable_step() never names a step that a crash could
+//    still lose;
+//  - reports every durable shard to the master (ShardReporter); the one
+//    report that completes a step's set of ranks is told to commit, and this
+//    agent then runs ckpt::CommitStep (COMPLETE, then `latest`) and marks the
+//    step committed in the store;
+//  - BreakpointSave(): after the agent stopped its workers (a failure, a new
+//    round, a signal), persists each store's newest in-memory step when it is
+//    newer than the durable one, synchronously, so a step that only lived in
+//    memory reaches disk before anything restarts.
+//
+// Threading: the poll thread and the agent's main thread (BreakpointSave) may
+// touch the same store; a per-store mutex serializes persisting it (both
+// write the same <shard>.tmp). SlotStore's pin/inspect/channel calls are
+// thread-safe themselves. The reporter is called from both threads and must
+// be thread-safe (MasterClient is). set_round is thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ballast/v1/master.pb.h"
+#include "ckpt/slot_store.h"
+
+namespace ballast::agent {
+
+// The environment variable that tells a worker which store is its own.
+inline constexpr char kCkptShmEnv[] = "BALLAST_CKPT_SHM";
+
+// Reports one durable shard to the master (MasterClient::ReportShardDurable in
+// the agent, a fake in tests). Must be thread-safe.
+using ShardReporter =
+    std::function<absl::StatusOr<v1::ShardDurableResponse>(const v1::ShardDurableReport&, double timeout_s)>;
+
+struct CkptPersisterOptions {
+  std::string node_id;
+  int local_world_size = 1;
+  // Store i is named "<name_prefix>-<i>" (see CkptStorePrefix).
+  std::string name_prefix;
+  // How often the poll thread looks for persist requests.
+  double poll_interval_s = 0.025;
+  // Deadline of one report from the poll thread, and from a breakpoint save
+  // (shorter: it runs on the agent's main loop, possibly with the master gone).
+  double report_timeout_s = 5.0;
+  double breakpoint_report_timeout_s = 2.0;
+  // After a failed shard write or report, wait this long before retrying it.
+  double retry_after_s = 1.0;
+  // How often a store with a durable step not known committed reads
+  // <dir>/latest to learn of a commit another agent made.
+  double latest_check_interval_s = 0.2;
+};
+
+// "/ballast-<8 hex of a hash of job_id>-<pid>": unique per agent process, a
+// valid POSIX shm name (one leading '/', short).
+std::string CkptStorePrefix(const std::string& job_id, pid_t pid);
+
+// Unlinks stores of agents that died without cleaning up (SIGKILL): shm
+// objects named like CkptStorePrefix whose pid no longer exists. Returns how
+// many objects were removed. Best effort: errors are ignored.
+int RemoveStaleCkptStores(const std::string& shm_dir = "/dev/shm");
+
+class CkptPersister {
+ public:
+  // Creates the stores (kUnavailable etc. when /dev/shm cannot hold them; then
+  // the caller runs without agent-owned stores).
+  static absl::StatusOr<std::unique_ptr<CkptPersister>> Create(CkptPersisterOptions options,
+                                                               ShardReporter reporter);
+  // Stops the thread; the stores are unlinked.
+  ~CkptPersister();
+  CkptPersister(const CkptPersister&) = delete;
+  CkptPersister& operator=(const CkptPersister&) = delete;
+
+  // Starts / stops the poll thread. Stop is idempotent.
+  void Start();
+  void Stop();
+
+  int num_stores() const { return static_cast<int>(stores_.size()); }
+  const std::string& store_name(int local_rank) const { return stores_[local_rank]->slots->name(); }
+  ckpt::SlotStore* store(int local_rank) { return stores_[local_rank]->slots.get(); }
+
+  // The agent's current round, carried in reports (informational).
+  void set_round(int64_t round) { round_ = round; }
+
+  // One pass of the poll thread: persists requested steps, retries failed
+  // reports, picks up commits other agents made. Tests call it directly.
+  void PollOnce();
+
+  // Persists, for every store with a persist config, the newest committed
+  // in-memory step when it is newer than durable_step(). Call only after the
+  // workers are stopped (so the newest step is final). Returns the number of
+  // shards written; `why` goes into the log line.
+  int BreakpointSave(const std::string& why);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Store {
+    int local_rank = 0;
+    std::unique_ptr<ckpt::SlotStore> slots;
+    std::mutex mu;  // serializes persisting this store (poll thread vs breakpoint save)
+    // A request that cannot be served (its step was overwritten in memory by
+    // newer, unrequested steps): not retried until a newer request comes.
+    uint64_t skipped_request ABSL_GUARDED_BY(mu) = 0;
+    // A failed shard write: retried after retry_at.
+    uint64_t failed_step ABSL_GUARDED_BY(mu) = 0;
+    Clock::time_point retry_at ABSL_GUARDED_BY(mu);
+    // A durable shard the master has not acknowledged yet (report failed).
+    struct Unreported {
+      uint64_t step = 0;
+      ckpt::PersistConfig config;
+    };
+    std::optional<Unreported> unreported ABSL_GUARDED_BY(mu);
+    Clock::time_point report_retry_at ABSL_GUARDED_BY(mu);
+    uint64_t report_warned_step ABSL_GUARDED_BY(mu) = 0;  // warn once per step
+    Clock::time_point next_latest_check ABSL_GUARDED_BY(mu);
+  };
+
+  CkptPersister(CkptPersisterOptions options, ShardReporter reporter);
+  void Loop();
+  // Writes the pinned step as cfg.rank's shard, marks it durable, reports it.
+  absl::Status PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg, double report_timeout_s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Reports s.unreported to the master and commits the step if told to.
+  void ReportLocked(Store& s, double timeout_s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  std::string Keys(const ckpt::PersistConfig& cfg) const;  // "node= rank= round=" log keys
+
+  const CkptPersisterOptions options_;
+  const ShardReporter reporter_;
+  std::vector<std::unique_ptr<Store>> stores_;
+  std::atomic<int64_t> round_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace ballast::agent

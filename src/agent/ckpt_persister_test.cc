@@ -1,0 +1,293 @@
+// The agent's checkpoint persister against real shared-memory stores, a real
+// checkpoint directory and a fake master (the ShardReporter seam). The test
+// plays the worker: it opens the store by name, saves images and uses the
+// persistence channel as the Python Checkpointer does.
+#include "agent/ckpt_persister.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "agent/agent.h"
+#include "agent/worker_group.h"
+#include "ckpt/persister.h"
+#include "ckpt/reader.h"
+#include "ckpt/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ballast::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using ckpt::test_util::BuildImage;
+using ckpt::test_util::MakeTempDir;
+using ckpt::test_util::State;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+std::vector<uint8_t> ImageForStep(uint64_t step) {
+  State st;
+  st.Add("w", ckpt::DType::kFloat32, {256}, static_cast<uint8_t>(step));
+  return BuildImage(step, st.views);
+}
+
+// The master's commit rule (job_master.cc), in miniature and thread-safe.
+class FakeCommitMaster {
+ public:
+  ShardReporter Reporter() {
+    return [this](const v1::ShardDurableReport& r, double) -> absl::StatusOr<v1::ShardDurableResponse> {
+      std::lock_guard<std::mutex> lock(mu_);
+      reports.push_back(r);
+      if (!unavailable.ok()) return unavailable;
+      v1::ShardDurableResponse resp;
+      auto& ranks = ranks_[{r.dir(), r.step()}];
+      ranks.insert(r.rank());
+      if (static_cast<int>(ranks.size()) == r.world_size() && committed_.insert({r.dir(), r.step()}).second)
+        resp.set_commit(true);
+      return resp;
+    };
+  }
+  std::mutex mu_;
+  std::vector<v1::ShardDurableReport> reports;
+  absl::Status unavailable;
+
+ private:
+  std::map<std::pair<std::string, int64_t>, std::set<int>> ranks_;
+  std::set<std::pair<std::string, int64_t>> committed_;
+};
+
+class AgentCkptPersisterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("agentckpt");
+    CkptPersisterOptions o;
+    o.node_id = "node-a";
+    o.local_world_size = 2;
+    o.name_prefix = CkptStorePrefix(absl::StrCat("test-", dir_), getpid());
+    o.retry_after_s = 0;
+    o.latest_check_interval_s = 0;
+    auto p = CkptPersister::Create(o, master_.Reporter());
+    ASSERT_TRUE(p.ok()) << p.status();
+    persister_ = std::move(*p);
+    for (int lr = 0; lr < 2; ++lr) {
+      auto w = ckpt::SlotStore::Open(persister_->store_name(lr));
+      ASSERT_TRUE(w.ok()) << w.status();
+      workers_.push_back(std::move(*w));
+    }
+  }
+  void TearDown() override {
+    workers_.clear();
+    persister_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // What the Python Checkpointer does for save(step, ..., persist=...).
+  void Save(int lr, uint64_t step, bool persist, int world_size = 2) {
+    ckpt::SlotStore* w = workers_[lr].get();
+    std::vector<uint8_t> img = ImageForStep(step);
+    auto write = w->BeginSave(step, img.size());
+    ASSERT_TRUE(write.ok()) << write.status();
+    std::memcpy(write->image(), img.data(), img.size());
+    ASSERT_TRUE(w->Commit(&*write, img.size()).ok());
+    if (persist) {
+      ASSERT_TRUE(w->SetPersistConfig({dir_, lr, world_size, 3}).ok());
+      w->RequestPersist(step);
+    }
+  }
+
+  std::string dir_;
+  FakeCommitMaster master_;
+  std::unique_ptr<CkptPersister> persister_;
+  std::vector<std::unique_ptr<ckpt::SlotStore>> workers_;
+};
+
+TEST_F(AgentCkptPersisterTest, StoreNamesAreValidAndUniquePerAgent) {
+  EXPECT_THAT(persister_->store_name(0), MatchesRegex("/ballast-[0-9a-f]{8}-[0-9]+-0"));
+  EXPECT_THAT(persister_->store_name(1), MatchesRegex("/ballast-[0-9a-f]{8}-[0-9]+-1"));
+  EXPECT_EQ(CkptStorePrefix("job", 42), CkptStorePrefix("job", 42));
+  EXPECT_NE(CkptStorePrefix("job", 42), CkptStorePrefix("job", 43));
+  EXPECT_NE(CkptStorePrefix("job-a", 42), CkptStorePrefix("job-b", 42));
+  EXPECT_TRUE(persister_->store(0)->owner());
+}
+
+TEST_F(AgentCkptPersisterTest, RequestedStepBecomesDurableAndTheLastReporterCommits) {
+  Save(0, 3, true);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 3u);
+  EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 3, 0)));
+  EXPECT_FALSE(fs::exists(ckpt::LatestPath(dir_)));  // rank 1 not durable yet
+  Save(1, 3, true);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[1]->durable_step(), 3u);
+  auto latest = ckpt::ReadLatestStep(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 3u);
+  EXPECT_EQ(workers_[1]->committed_step(), 3u);  // the committer
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->committed_step(), 3u);  // learned from `latest`
+  ASSERT_EQ(master_.reports.size(), 2u);
+  EXPECT_EQ(master_.reports[0].node_id(), "node-a");
+  EXPECT_EQ(master_.reports[0].step(), 3);
+  EXPECT_EQ(master_.reports[0].world_size(), 2);
+  EXPECT_EQ(master_.reports[0].dir(), dir_);
+  auto snap = ckpt::ReadLatest(dir_, 1);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step(), 3u);
+}
+
+TEST_F(AgentCkptPersisterTest, NothingIsPersistedWithoutARequestOrConfig) {
+  Save(0, 1, false);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 0u);
+  EXPECT_TRUE(ckpt::ListSteps(dir_).empty());
+  // A breakpoint save needs the persist config too (it says where and as what).
+  EXPECT_EQ(persister_->BreakpointSave("test"), 0);
+  EXPECT_TRUE(master_.reports.empty());
+}
+
+TEST_F(AgentCkptPersisterTest, OverwrittenRequestIsSkippedUntilTheNextRequest) {
+  Save(0, 1, true);
+  // Two slots: steps 2 and 3 (not requested) overwrite step 1 before any poll.
+  Save(0, 2, false);
+  Save(0, 3, false);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 0u);
+  EXPECT_TRUE(ckpt::ListSteps(dir_).empty());
+  Save(0, 4, true);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 4u);
+  EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 4, 0)));
+  EXPECT_FALSE(fs::exists(ckpt::ShardPath(dir_, 3, 0)));
+}
+
+TEST_F(AgentCkptPersisterTest, BreakpointSavePersistsTheNewestInMemoryStepOnce) {
+  Save(0, 5, true);
+  Save(1, 5, true);
+  persister_->PollOnce();
+  ASSERT_EQ(*ckpt::ReadLatestStep(dir_), 5u);
+  // Step 6 only in memory (persist=False), then the workers die.
+  Save(0, 6, false);
+  Save(1, 6, false);
+  EXPECT_EQ(persister_->BreakpointSave("worker failed"), 2);
+  EXPECT_EQ(workers_[0]->durable_step(), 6u);
+  EXPECT_EQ(workers_[1]->durable_step(), 6u);
+  EXPECT_EQ(*ckpt::ReadLatestStep(dir_), 6u);  // committed synchronously
+  EXPECT_EQ(persister_->BreakpointSave("again"), 0);
+}
+
+TEST_F(AgentCkptPersisterTest, WithoutTheMasterAStepCommitsOnceAllShardsAreOnDisk) {
+  master_.unavailable = absl::UnavailableError("master gone");
+  Save(0, 7, true);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 7u);
+  EXPECT_FALSE(fs::exists(ckpt::LatestPath(dir_)));
+  Save(1, 7, true);
+  persister_->PollOnce();
+  auto latest = ckpt::ReadLatestStep(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 7u);
+}
+
+TEST_F(AgentCkptPersisterTest, FailedReportIsRetriedUntilTheMasterAnswers) {
+  master_.unavailable = absl::UnavailableError("master briefly away");
+  Save(0, 8, true);
+  persister_->PollOnce();
+  size_t n = master_.reports.size();
+  master_.unavailable = absl::OkStatus();
+  persister_->PollOnce();
+  ASSERT_EQ(master_.reports.size(), n + 1);
+  persister_->PollOnce();  // acknowledged: not reported again
+  EXPECT_EQ(master_.reports.size(), n + 1);
+}
+
+TEST_F(AgentCkptPersisterTest, ThePollThreadServesRequestsWhileTheWriterKeepsSaving) {
+  persister_->Start();
+  for (uint64_t step = 1; step <= 20; ++step) {
+    Save(0, step, true, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (workers_[0]->durable_step() < 20 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(workers_[0]->durable_step(), 20u);
+  auto latest = ckpt::ReadLatestStep(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 20u);
+  EXPECT_LE(ckpt::ListCompleteSteps(dir_).size(), 3u);  // keep_last
+  persister_->Stop();
+}
+
+TEST(AgentCkptStores, AreUnlinkedWhenThePersisterIsDestroyed) {
+  CkptPersisterOptions o;
+  o.local_world_size = 1;
+  o.name_prefix = CkptStorePrefix("unlink-test", getpid());
+  std::string name;
+  {
+    auto p = CkptPersister::Create(o, nullptr);
+    ASSERT_TRUE(p.ok()) << p.status();
+    name = (*p)->store_name(0);
+    EXPECT_TRUE(fs::exists("/dev/shm" + name));
+    EXPECT_TRUE(fs::exists("/dev/shm" + name + ".s1"));
+  }
+  EXPECT_FALSE(fs::exists("/dev/shm" + name));
+  EXPECT_FALSE(fs::exists("/dev/shm" + name + ".s0"));
+  EXPECT_FALSE(ckpt::SlotStore::Open(name).ok());
+}
+
+TEST(AgentCkptStores, StaleStoresOfDeadAgentsAreRemoved) {
+  const std::string dir = MakeTempDir("stale");
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // now a pid that does not exist
+  auto touch = [&](const std::string& name) { std::ofstream(dir + "/" + name) << "x"; };
+  const std::string dead = absl::StrCat("ballast-0123abcd-", child, "-0");
+  const std::string alive = absl::StrCat("ballast-0123abcd-", getpid(), "-0");
+  touch(dead);
+  touch(dead + ".s1");
+  touch(alive);
+  touch(absl::StrCat("ballast-test-x-", child, "-0"));  // not an agent store
+  EXPECT_EQ(RemoveStaleCkptStores(dir), 2);
+  EXPECT_FALSE(fs::exists(dir + "/" + dead));
+  EXPECT_TRUE(fs::exists(dir + "/" + alive));
+  EXPECT_TRUE(fs::exists(dir + "/" + absl::StrCat("ballast-test-x-", child, "-0")));
+  fs::remove_all(dir);
+}
+
+TEST(AgentCkptEnv, WorkersGetTheirOwnStoreAndThePythonPackage) {
+  WorkerSpec spec;
+  spec.base_env = {{"PATH", "/bin"}};
+  spec.local_rank_env = {{{kCkptShmEnv, "/ballast-x-1-0"}}, {{kCkptShmEnv, "/ballast-x-1-1"}}};
+  RoundSpec round;
+  round.local_world_size = 2;
+  EXPECT_EQ(WorkerEnvironment(spec, round, 0).at(kCkptShmEnv), "/ballast-x-1-0");
+  EXPECT_EQ(WorkerEnvironment(spec, round, 1).at(kCkptShmEnv), "/ballast-x-1-1");
+  spec.local_rank_env.clear();
+  EXPECT_EQ(WorkerEnvironment(spec, round, 0).count(kCkptShmEnv), 0u);
+
+  EXPECT_EQ(WorkerPythonPath("/b/python", ""), "/b/python");
+  EXPECT_EQ(WorkerPythonPath("/b/python", "/u/lib"), "/b/python:/u/lib");
+  EXPECT_EQ(WorkerPythonPath("/b/python", "/b/python:/u/lib"), "/b/python:/u/lib");
+  EXPECT_EQ(WorkerPythonPath("", "/u/lib"), "/u/lib");
+
+  const std::string root = MakeTempDir("pkg");
+  fs::create_directories(root + "/bin");
+  EXPECT_EQ(PythonPackageDir(root + "/bin/ballast"), "");  // no python/ next to bin/
+  fs::create_directories(root + "/python/ballast");
+  EXPECT_EQ(PythonPackageDir(root + "/bin/ballast"), fs::weakly_canonical(root + "/python").string());
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace ballast::agent

@@ -1,0 +1,56 @@
+// Failure classification: every worker failure gets a cause that decisions and
+// messages use (killed by a signal, the kernel's OOM killer, an out-of-memory
+// error, a CUDA or NCCL error found in the last stderr lines, a hang, a failed
+// pre-flight check, or an ordinary exit code).
+//
+// The rules are one table (kRules in failure_class.cc), checked in order; the
+// first match wins. Adding a kind of failure is adding a row.
+//
+// Thread safety: stateless; all functions are thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ballast::health {
+
+enum class FailureKind {
+  kExitCode,     // exited non-zero, nothing more specific known
+  kKilled,       // SIGKILL / SIGTERM from someone (not the OOM killer)
+  kOomKilled,    // the kernel's OOM killer
+  kOutOfMemory,  // the program reported running out of (host or device) memory
+  kSegfault,     // SIGSEGV / SIGBUS / SIGILL / SIGFPE
+  kAbort,        // SIGABRT (assertions, std::terminate)
+  kCudaError,
+  kNcclError,
+  kHang,         // no progress for the hang timeout
+  kCheckFailed,  // the pre-flight check failed on this node
+};
+
+// What the supervisor knows about one failure.
+struct FailureEvidence {
+  int exit_code = 0;            // valid when signal == 0
+  int signal = 0;               // terminating signal, 0 if it exited
+  std::string_view stderr_tail; // last lines of the worker's stderr
+  bool oom_killed = false;      // the OOM killer acted (e.g. cgroup memory.events)
+  bool hang = false;            // the worker was stopped because it hung
+  bool check_failed = false;    // the node failed the pre-flight check
+};
+
+struct FailureClass {
+  FailureKind kind = FailureKind::kExitCode;
+  std::string rule;   // the table row that matched, e.g. "cuda-oom"
+  std::string cause;  // for messages: "out of memory (CUDA out of memory)"
+  // How many restarts a failure of this kind may use: -1 = as many as
+  // --max-restarts allows; out-of-memory failures are not retried forever
+  // (retrying the same batch on the same memory fails the same way).
+  int max_retries = -1;
+};
+
+FailureClass Classify(const FailureEvidence& evidence);
+
+// "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
+// "cuda-error", "nccl-error", "hang", "check-failed".
+const char* FailureKindName(FailureKind kind);
+
+}  // namespace ballast::health

@@ -1,0 +1,82 @@
+#include "health/failure_class.h"
+
+#include <signal.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ballast::health {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Classify, PlainExitCode) {
+  FailureClass c = Classify({.exit_code = 3});
+  EXPECT_EQ(c.kind, FailureKind::kExitCode);
+  EXPECT_EQ(c.cause, "exit code 3");
+  EXPECT_EQ(c.max_retries, -1);
+}
+
+TEST(Classify, SignalsByName) {
+  EXPECT_EQ(Classify({.signal = SIGKILL}).kind, FailureKind::kKilled);
+  EXPECT_EQ(Classify({.signal = SIGKILL}).cause, "killed (killed by SIGKILL (signal 9))");
+  EXPECT_EQ(Classify({.signal = SIGSEGV}).kind, FailureKind::kSegfault);
+  EXPECT_EQ(Classify({.signal = SIGBUS}).rule, "sigbus");
+  EXPECT_EQ(Classify({.signal = SIGABRT}).kind, FailureKind::kAbort);
+  EXPECT_EQ(Classify({.signal = SIGUSR1}).rule, "signal");
+}
+
+TEST(Classify, OomKillerBeatsPlainSigkillAndIsNotRetriedForever) {
+  FailureClass c = Classify({.signal = SIGKILL, .oom_killed = true});
+  EXPECT_EQ(c.kind, FailureKind::kOomKilled);
+  EXPECT_THAT(c.cause, HasSubstr("OOM killer"));
+  EXPECT_EQ(c.max_retries, 1);
+}
+
+TEST(Classify, CudaOutOfMemoryFromStderrWinsOverCudaError) {
+  FailureClass c = Classify({.exit_code = 1,
+                             .stderr_tail = "Traceback...\ntorch.cuda.OutOfMemoryError: CUDA out of memory. "
+                                            "Tried to allocate 2.00 GiB\nCUDA error: out of memory"});
+  EXPECT_EQ(c.kind, FailureKind::kOutOfMemory);
+  EXPECT_EQ(c.rule, "cuda-oom");
+  EXPECT_THAT(c.cause, HasSubstr("Tried to allocate 2.00 GiB"));
+  EXPECT_EQ(c.max_retries, 1);
+}
+
+TEST(Classify, HostOutOfMemory) {
+  EXPECT_EQ(Classify({.exit_code = 1, .stderr_tail = "MemoryError"}).kind, FailureKind::kOutOfMemory);
+  EXPECT_EQ(Classify({.exit_code = 1, .stderr_tail = "RuntimeError: [enforce fail at alloc_cpu.cpp:75] "
+                                                     "DefaultCPUAllocator: can't allocate memory"})
+                .rule,
+            "host-oom");
+}
+
+TEST(Classify, NcclAndCudaErrors) {
+  FailureClass n = Classify({.exit_code = 1, .stderr_tail = "RuntimeError: NCCL error in: ..., unhandled system error"});
+  EXPECT_EQ(n.kind, FailureKind::kNcclError);
+  EXPECT_THAT(n.cause, HasSubstr("NCCL error in"));
+  FailureClass c = Classify({.exit_code = 1, .stderr_tail = "RuntimeError: CUDA error: an illegal memory access"});
+  EXPECT_EQ(c.kind, FailureKind::kCudaError);
+  // A segfault with a CUDA message is reported as the CUDA error: more useful.
+  EXPECT_EQ(Classify({.signal = SIGSEGV, .stderr_tail = "CUDA error: misaligned address"}).kind,
+            FailureKind::kCudaError);
+}
+
+TEST(Classify, HangAndCheckFailureComeFromTheSupervisor) {
+  FailureClass h = Classify({.signal = SIGKILL, .hang = true});
+  EXPECT_EQ(h.kind, FailureKind::kHang);
+  EXPECT_EQ(Classify({.check_failed = true}).cause, "failed the pre-flight check");
+}
+
+TEST(Classify, LongMatchingLineIsTrimmed) {
+  std::string tail = "NCCL error " + std::string(500, 'x');
+  EXPECT_LE(Classify({.exit_code = 1, .stderr_tail = tail}).cause.size(), 220u);
+}
+
+TEST(FailureKindName, Names) {
+  EXPECT_STREQ(FailureKindName(FailureKind::kOomKilled), "oom-killed");
+  EXPECT_STREQ(FailureKindName(FailureKind::kNcclError), "nccl-error");
+}
+
+}  // namespace
+}  // namespace ballast::health

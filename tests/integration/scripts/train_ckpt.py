@@ -1,0 +1,111 @@
+"""Deterministic DDP (gloo) training with ballast flash checkpoints, for
+tests/integration/ckpt_integration_test.cc.
+
+Every step is saved to shared memory and persisted (persist=True), except
+--kill-step, which stays in memory only: at that step, in the first attempt,
+every rank saves, meets the others at a barrier, and then --kill-rank SIGKILLs
+itself. The agents' breakpoint save must then persist the in-memory step, and
+the restarted workers must restore it from memory. Data depends only on
+(step, rank), so a run with the failure ends with the same weights, bit for
+bit, as one without.
+
+Events (JSON lines) go to <out>/rank<RANK>.jsonl; the final model state to
+<out>/final-rank<RANK>.pt.
+"""
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ballast
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--ckpt", required=True)
+p.add_argument("--steps", type=int, default=12)
+p.add_argument("--kill-step", type=int, default=-1)
+p.add_argument("--kill-rank", type=int, default=1)
+p.add_argument("--step-time", type=float, default=0.02)
+args = p.parse_args()
+
+rank = int(os.environ["RANK"])
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(1)
+
+
+def log(event, **kw):
+    kw.update(event=event, rank=rank, restart=restart, pid=os.getpid(), t=time.time())
+    with open(os.path.join(args.out, f"rank{rank}.jsonl"), "a") as f:
+        f.write(json.dumps(kw) + "\n")
+
+
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+log("start", world=world, shm=os.environ.get("BALLAST_CKPT_SHM"))
+
+torch.manual_seed(0)
+# Two 512x512 weights (1 MiB each) and a tiny bucket cap: every DDP bucket
+# holds exactly one parameter, before and after DDP rebuilds its buckets, so
+# gloo reduces each gradient element in the same order in a restarted world
+# as in an uninterrupted one (bucket layout decides the ring's chunking).
+model = torch.nn.Sequential(
+    torch.nn.Linear(512, 512, bias=False), torch.nn.Tanh(), torch.nn.Linear(512, 512, bias=False))
+ddp = DDP(model, bucket_cap_mb=0.0001)
+params = list(model.parameters())
+opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+ckpt = ballast.Checkpointer(args.ckpt, keep=3)
+step, state = ckpt.load()
+log("load", step=step, source=ckpt.last_load_source)
+start = 0
+if state is not None:
+    model.load_state_dict(state["model"])
+    for i, prm in enumerate(params):
+        opt.state[prm]["momentum_buffer"] = state["momentum"][str(i)].clone()
+    start = step + 1
+
+
+def weights_sha256():
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+for step in range(start, args.steps):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 512, generator=g)
+    y = torch.randn(16, 512, generator=g)
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    loss.backward()
+    opt.step()
+    state = {
+        "model": model.state_dict(),
+        "momentum": {str(i): opt.state[prm]["momentum_buffer"] for i, prm in enumerate(params)},
+        "step": step,
+    }
+    kill_now = step == args.kill_step and restart == 0
+    ckpt.save(step, state, persist=not kill_now)
+    log("step", step=step, loss=float(loss))
+    if kill_now:
+        # Every rank holds this step in memory (and only there) before the kill.
+        dist.barrier()
+        if rank == args.kill_rank:
+            log("kill", step=step)
+            os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(args.step_time)
+
+ckpt.wait()
+torch.save(model.state_dict(), os.path.join(args.out, f"final-rank{rank}.pt"))
+log("done", step=args.steps - 1, world=world, sha256=weights_sha256(), latest=ckpt.latest_step())
+dist.barrier()
+dist.destroy_process_group()

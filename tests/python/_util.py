@@ -1,0 +1,102 @@
+"""Shared helpers for the ballast Python tests (unittest; run with /usr/bin/python3)."""
+
+import os
+import shutil
+import tempfile
+import unittest
+import warnings
+
+import torch
+
+import ballast
+from ballast import _tree
+
+# dtypes this torch has, for round trips.
+DTYPES = [d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    getattr(torch, "complex32", None), torch.complex64, torch.complex128,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+    getattr(torch, "uint16", None), getattr(torch, "uint32", None), getattr(torch, "uint64", None),
+) if d is not None]
+
+
+def random_tensor(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=g).bool()
+        if dtype == getattr(torch, "complex32", None):
+            # complex32 has few ops in torch 1.13: build it from raw 16-bit halves.
+            n = 1
+            for d in shape:
+                n *= d
+            raw = torch.randint(-20000, 20000, (2 * n,), generator=g, dtype=torch.int64)
+            return raw.to(torch.int16).view(torch.complex32).reshape(shape)
+        if dtype.is_complex:
+            return torch.randn(shape, generator=g, dtype=dtype)
+        if dtype.is_floating_point:
+            return (torch.randn(shape, generator=g) * 100).to(dtype)
+        info = torch.iinfo(dtype)
+        lo, hi = max(info.min, -(2 ** 62)), min(info.max, 2 ** 62)
+        return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def raw_bytes(t):
+    """The tensor's bytes in row-major order (bitwise identity, NaN-safe)."""
+    c = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return bytes(c.view(torch.uint8).numpy()) if c.numel() else b""
+
+
+class TestCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ballast-pytest-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self._ckpts = []
+
+    def checkpointer(self, sub="ckpt", **kw):
+        c = ballast.Checkpointer(os.path.join(self.tmp, sub), **kw)
+        self.addCleanup(c.close)
+        return c
+
+    def assertBitwise(self, a, b, what=""):
+        self.assertIsInstance(b, torch.Tensor, what)
+        self.assertEqual(a.dtype, b.dtype, what)
+        self.assertEqual(tuple(a.shape), tuple(b.shape), what)
+        self.assertEqual(raw_bytes(a), raw_bytes(b), what)
+        nan = (a.is_floating_point() or a.is_complex()) and a.dtype != getattr(torch, "complex32", None) \
+            and bool(torch.isnan(a.detach()).any())
+        if a.dtype != getattr(torch, "complex32", None) and a.numel() and not nan:
+            self.assertTrue(torch.equal(a.detach().cpu().resolve_conj(), b), what)
+
+    def assertStateEqual(self, a, b, path="state"):
+        """Same structure, types, plain values and bitwise-equal tensors."""
+        if isinstance(a, torch.Tensor):
+            self.assertBitwise(a, b, path)
+            self.assertEqual(a.requires_grad, b.requires_grad, path)
+            return
+        if isinstance(a, ballast.Shard):
+            self.assertIsInstance(b, ballast.Shard, path)
+            self.assertEqual((a.global_shape, a.offsets), (b.global_shape, b.offsets), path)
+            self.assertBitwise(a.tensor, b.tensor, path)
+            return
+        self.assertIs(type(a), type(b), f"{path}: {type(a)} vs {type(b)}")
+        if isinstance(a, dict):
+            self.assertEqual(list(a.keys()), list(b.keys()), path)
+            for k in a:
+                self.assertIs(type(k), type(next(x for x in b if x == k)), f"{path} key {k!r}")
+                self.assertStateEqual(a[k], b[k], f"{path}/{k}")
+            if hasattr(a, "_metadata"):
+                self.assertEqual(a._metadata, b._metadata, path)
+        elif isinstance(a, (list, tuple)):
+            self.assertEqual(len(a), len(b), path)
+            for i, (x, y) in enumerate(zip(a, b)):
+                self.assertStateEqual(x, y, f"{path}/{i}")
+        elif isinstance(a, float) and a != a:
+            self.assertTrue(b != b, path)
+        else:
+            self.assertEqual(a, b, path)
+
+
+def shm_exists(name):
+    return os.path.exists("/dev/shm" + name)

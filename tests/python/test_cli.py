@@ -1,0 +1,97 @@
+"""`ballast ckpt ls|inspect|verify|export` end to end, against the real binary."""
+
+import os
+import subprocess
+import unittest
+
+import torch
+
+import ballast
+from _util import TestCase
+
+BIN = os.environ.get("BALLAST_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/ballast"))
+
+
+@unittest.skipUnless(os.access(BIN, os.X_OK), f"no ballast binary at {BIN} (set BALLAST_BIN)")
+class CkptCli(TestCase):
+    def setUp(self):
+        super().setUp()
+        self.dir = os.path.join(self.tmp, "ckpt")
+        self.states = {}
+        for rank in range(2):
+            c = ballast.Checkpointer(self.dir, keep=3, rank=rank, world_size=2)
+            for step in (10, 20):
+                g = torch.arange(40, dtype=torch.float32).reshape(8, 5) * step
+                state = {"model": {"w": ballast.Shard(g[rank * 4:rank * 4 + 4].clone(), (8, 5), (rank * 4, 0)),
+                                   "b": torch.full((3,), float(step), dtype=torch.bfloat16)},
+                         "opt": {"state": {0: {"m": torch.ones(2, 2) * rank}}, "lr": 0.5},
+                         "global_w": g}
+                c.save(step, state, persist=True)
+                c.wait()
+                self.states[(step, rank)] = state
+            c.close()
+
+    def ballast(self, *args, rc=0):
+        p = subprocess.run([BIN, "ckpt", *args], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, rc, f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        return p.stdout + p.stderr
+
+    def test_ls_lists_steps_and_latest(self):
+        out = self.ballast("ls", self.dir)
+        self.assertRegex(out, r"10\s+complete\s+2/2")
+        self.assertRegex(out, r"20\s+complete\s+2/2.*<- latest")
+        self.assertIn("latest: 20", out)
+
+    def test_inspect_prints_entries(self):
+        out = self.ballast("inspect", self.dir, "--step", "10", "--rank", "1")
+        self.assertIn("step 10", out)
+        self.assertIn("saved by rank 1 of 2", out)
+        self.assertRegex(out, r"model/w\s+float32\s+\(4, 5\)\s+80\s+shard of \(8, 5\) at \(4, 0\)")
+        self.assertRegex(out, r"model/b\s+bfloat16\s+\(3,\)\s+6")
+        self.assertRegex(out, r"opt/state/0/m\s+float32\s+\(2, 2\)\s+16")
+
+    def test_verify_passes_then_names_the_corrupt_file(self):
+        self.assertIn("4 file(s) in 2 step(s) verified", self.ballast("verify", self.dir))
+        bad = os.path.join(self.dir, "step-20", "rank-1.ballast")
+        with open(bad, "r+b") as f:
+            f.seek(os.path.getsize(bad) - 8)
+            f.write(b"\xff" * 8)
+        out = self.ballast("verify", self.dir, rc=1)
+        self.assertIn(f"CORRUPT  {bad}", out)
+        self.assertIn("delete the step directory", out)
+        self.assertIn("ok       " + os.path.join(self.dir, "step-20", "rank-0.ballast"), out)
+
+    def test_verify_reports_a_missing_shard_of_a_complete_step(self):
+        os.remove(os.path.join(self.dir, "step-10", "rank-0.ballast"))
+        self.assertIn("MISSING", self.ballast("verify", self.dir, rc=1))
+
+    def test_export_is_readable_by_plain_torch_load(self):
+        out_file = os.path.join(self.tmp, "r1.pt")
+        self.ballast("export", self.dir, "--step", "10", "--rank", "1", "--to", out_file)
+        got = torch.load(out_file)
+        want = self.states[(10, 1)]
+        self.assertTrue(torch.equal(got["model"]["w"], want["model"]["w"].tensor))
+        self.assertTrue(torch.equal(got["model"]["b"], want["model"]["b"]))
+        self.assertTrue(torch.equal(got["opt"]["state"][0]["m"], want["opt"]["state"][0]["m"]))
+        self.assertEqual(got["opt"]["lr"], 0.5)
+
+    def test_export_full_assembles_shards(self):
+        out_file = os.path.join(self.tmp, "full.pt")
+        self.ballast("export", self.dir, "--to", out_file, "--full")  # latest: 20
+        got = torch.load(out_file)
+        self.assertTrue(torch.equal(got["model"]["w"], self.states[(20, 0)]["global_w"]))
+
+    def test_errors_say_what_to_do(self):
+        out = self.ballast("inspect", os.path.join(self.tmp, "nope"), rc=1)
+        self.assertIn("not a directory", out)
+        empty = os.path.join(self.tmp, "empty")
+        os.makedirs(empty)
+        self.assertIn("pass --step", self.ballast("inspect", empty, rc=1))
+        self.assertIn("no checkpoints", self.ballast("ls", empty))
+        out = self.ballast("export", empty, "--to", os.path.join(self.tmp, "x.pt"), rc=1)
+        self.assertIn("ballast ckpt ls", out)
+        self.assertIn("usage", self.ballast("frobnicate", rc=2))
+
+
+if __name__ == "__main__":
+    unittest.main()

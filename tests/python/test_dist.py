@@ -1,0 +1,66 @@
+"""Ranks agree on memory vs disk through torch.distributed (gloo, 2 processes)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import unittest
+
+from _util import TestCase
+
+WORKER = r"""
+import json, os, sys, torch, torch.distributed as dist, ballast
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ckpt = ballast.Checkpointer(sys.argv[1])
+log = []
+def load():
+    step, state = ckpt.load()
+    log.append([step, ckpt.last_load_source, None if state is None else int(state["v"])])
+load()                                                  # nothing anywhere
+ckpt.save(1, {"v": torch.tensor(10 + rank)}, persist=True)
+ckpt.wait()
+dist.barrier()
+load()                                                  # both hold 1 in memory
+if rank == 0:
+    ckpt.save(2, {"v": torch.tensor(20)})               # only rank 0 has step 2
+load()                                                  # disagree -> disk step 1
+ckpt.save(3, {"v": torch.tensor(30 + rank)})
+load()                                                  # both hold 3 -> memory
+json.dump(log, open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w"))
+dist.destroy_process_group()
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Distributed(TestCase):
+    def test_ranks_use_memory_only_when_all_hold_the_newest_step(self):
+        port = free_port()
+        procs = []
+        for rank in range(2):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE="2", LOCAL_RANK=str(rank))
+            env.pop("BALLAST_CKPT_SHM", None)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", WORKER, os.path.join(self.tmp, "ckpt"), self.tmp], env=env))
+        for p in procs:
+            self.assertEqual(p.wait(timeout=120), 0)
+        for rank in range(2):
+            with open(os.path.join(self.tmp, f"rank{rank}.json")) as f:
+                log = json.load(f)
+            self.assertEqual(log, [
+                [None, None, None],
+                [1, "memory", 10 + rank],
+                [1, "disk", 10 + rank],
+                [3, "memory", 30 + rank],
+            ])
+
+
+if __name__ == "__main__":
+    unittest.main()
