@@ -6,8 +6,9 @@ Every step is saved to shared memory and persisted (persist=True), except
 every rank saves, meets the others at a barrier, and then --kill-rank SIGKILLs
 itself. The agents' breakpoint save must then persist the in-memory step, and
 the restarted workers must restore it from memory. Data depends only on
-(step, rank), so a run with the failure ends with the same weights, bit for
-bit, as one without.
+(step, rank) and gradients are reduced parameter by parameter (see
+per_parameter_allreduce), so a run with the failure ends with the same
+weights, bit for bit, as one without.
 
 Events (JSON lines) go to <out>/rank<RANK>.jsonl; the final model state to
 <out>/final-rank<RANK>.pt.
@@ -51,15 +52,53 @@ world = dist.get_world_size()
 log("start", world=world, shm=os.environ.get("BALLAST_CKPT_SHM"))
 
 torch.manual_seed(0)
-# Two 512x512 weights (1 MiB each) and a tiny bucket cap: every DDP bucket
-# holds exactly one parameter, before and after DDP rebuilds its buckets, so
-# gloo reduces each gradient element in the same order in a restarted world
-# as in an uninterrupted one (bucket layout decides the ring's chunking).
 model = torch.nn.Sequential(
     torch.nn.Linear(512, 512, bias=False), torch.nn.Tanh(), torch.nn.Linear(512, 512, bias=False))
-ddp = DDP(model, bucket_cap_mb=0.0001)
+ddp = DDP(model)
+
+
+def per_parameter_allreduce(state, bucket):
+    """DDP comm hook: allreduce each parameter's slice of the bucket on its own.
+
+    gloo's ring allreduce adds an element's four contributions in an order that
+    depends on where the element sits in the reduced buffer, and DDP lays out
+    its buckets differently in a fresh process (first iteration, then rebuilt
+    by gradient ready order) than in a long-running one. Reducing parameter by
+    parameter makes every element's order independent of the bucket layout, so
+    a restarted world computes bit for bit what an uninterrupted one does.
+    """
+    buf = bucket.buffer()
+    offset = 0
+    for prm in bucket.parameters():
+        n = prm.numel()
+        dist.all_reduce(buf[offset:offset + n])
+        offset += n
+    buf.div_(world)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+ddp.register_comm_hook(None, per_parameter_allreduce)
 params = list(model.parameters())
 opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+def weights_sha256():
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def momentum_sha256():
+    h = hashlib.sha256()
+    for prm in params:
+        buf = opt.state[prm].get("momentum_buffer")
+        if buf is not None:
+            h.update(buf.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
 
 ckpt = ballast.Checkpointer(args.ckpt, keep=3)
 step, state = ckpt.load()
@@ -70,14 +109,8 @@ if state is not None:
     for i, prm in enumerate(params):
         opt.state[prm]["momentum_buffer"] = state["momentum"][str(i)].clone()
     start = step + 1
+    log("restored", step=step, sha256=weights_sha256(), momentum=momentum_sha256())
 
-
-def weights_sha256():
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 for step in range(start, args.steps):
@@ -95,7 +128,7 @@ for step in range(start, args.steps):
     }
     kill_now = step == args.kill_step and restart == 0
     ckpt.save(step, state, persist=not kill_now)
-    log("step", step=step, loss=float(loss))
+    log("step", step=step, loss=float(loss), sha256=weights_sha256(), momentum=momentum_sha256())
     if kill_now:
         # Every rank holds this step in memory (and only there) before the kill.
         dist.barrier()
