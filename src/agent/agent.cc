@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
 #include "common/subprocess.h"
+#include "health/failure_class.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -480,7 +481,15 @@ std::optional<int> Agent::PollWorkers() {
       report.set_exit_code(e.status.exit_code);
       report.set_signal(e.status.signal);
       report.set_stderr_tail(e.stderr_tail);
-      report.set_cause(e.status.Describe());
+      // The cause and its retry limit come from the classification table.
+      health::FailureEvidence evidence;
+      evidence.exit_code = e.status.exit_code;
+      evidence.signal = e.status.signal;
+      evidence.stderr_tail = e.stderr_tail;
+      health::FailureClass fc = health::Classify(evidence);
+      report.set_cause(fc.cause);
+      report.set_kind(health::FailureKindName(fc.kind));
+      report.set_max_retries(fc.max_retries);
       ReportFailure(report);
     } else {
       spdlog::info("all {} workers exited 0; waiting for the other nodes {}", options_.run.nproc_per_node, Fmt());

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/net.h"
+#include "common/node_range.h"
 #include "common/status_macros.h"
 
 namespace ballast::agent {
@@ -76,21 +77,9 @@ absl::StatusOr<int> ParseNproc(const std::string& flag, const std::string& value
 }
 
 absl::Status ParseNnodes(const std::string& flag, const std::string& value, RunOptions* o) {
-  std::vector<std::string> parts = absl::StrSplit(value, ':');
-  int min = 0, max = 0;
-  if (parts.size() == 1) {
-    ASSIGN_OR_RETURN(min, ParseInt(flag, parts[0]));
-    max = min;
-  } else if (parts.size() == 2) {
-    ASSIGN_OR_RETURN(min, ParseInt(flag, parts[0]));
-    ASSIGN_OR_RETURN(max, ParseInt(flag, parts[1]));
-  } else {
-    return FlagError(flag, absl::StrCat("'", value, "' is not N or MIN:MAX"));
-  }
-  if (min < 1) return FlagError(flag, absl::StrCat("MIN must be at least 1 (got ", min, ")"));
-  if (max < min) return FlagError(flag, absl::StrCat("MIN (", min, ") is larger than MAX (", max, ")"));
-  o->min_nodes = min;
-  o->max_nodes = max;
+  ASSIGN_OR_RETURN(NodeRange range, ParseNodeRange(value, flag));
+  o->min_nodes = range.min;
+  o->max_nodes = range.max;
   o->nnodes_given = true;
   return absl::OkStatus();
 }

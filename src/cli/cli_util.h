@@ -5,17 +5,9 @@
 
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "common/node_range.h"
 
 namespace ballast::cli {
-
-struct NodeRange {
-  int min = 1;
-  int max = 1;
-};
-
-// "N" or "MIN:MAX" -> {min, max}; kInvalidArgument naming `flag` otherwise.
-absl::StatusOr<NodeRange> ParseNodeRange(const std::string& text, const std::string& flag);
 
 // Runs app.parse(args) (args without the program name). Returns -1 when the
 // caller should go on, else the exit code (0 for --help, 2 for a usage error,

@@ -5,28 +5,6 @@
 namespace ballast::cli {
 namespace {
 
-TEST(ParseNodeRange, SingleNumber) {
-  auto r = ParseNodeRange("3", "--nodes");
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->min, 3);
-  EXPECT_EQ(r->max, 3);
-}
-
-TEST(ParseNodeRange, MinMax) {
-  auto r = ParseNodeRange("1:4", "--nodes");
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->min, 1);
-  EXPECT_EQ(r->max, 4);
-}
-
-TEST(ParseNodeRange, RejectsInvertedAndGarbageNamingTheFlag) {
-  for (const char* bad : {"4:1", "0", "x", "1:", ":2", "-1:2"}) {
-    auto r = ParseNodeRange(bad, "--nnodes");
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(std::string(r.status().message()).find("--nnodes"), std::string::npos) << bad;
-  }
-}
-
 TEST(ParseOrExit, UnknownFlagIsUsageError) {
   CLI::App app{"t", "t"};
   int x = 0;

@@ -21,7 +21,7 @@ struct Rule {
   bool (*flag)(const FailureEvidence&);  // nullptr: no flag condition
   int signal;                            // 0: any (or none)
   const char* stderr_pattern;            // ECMAScript regex; nullptr: none
-  const char* what;                      // the cause's wording
+  const char* what;                      // the cause's wording ("": the exit status says it all)
   int max_retries;
 };
 
@@ -54,8 +54,8 @@ const Rule kRules[] = {
     {"sigill", FailureKind::kSegfault, nullptr, SIGILL, nullptr, "illegal instruction", -1},
     {"sigfpe", FailureKind::kSegfault, nullptr, SIGFPE, nullptr, "floating-point exception", -1},
     {"sigabrt", FailureKind::kAbort, nullptr, SIGABRT, nullptr, "aborted", -1},
-    {"sigkill", FailureKind::kKilled, nullptr, SIGKILL, nullptr, "killed", -1},
-    {"sigterm", FailureKind::kKilled, nullptr, SIGTERM, nullptr, "terminated", -1},
+    {"sigkill", FailureKind::kKilled, nullptr, SIGKILL, nullptr, "", -1},
+    {"sigterm", FailureKind::kKilled, nullptr, SIGTERM, nullptr, "", -1},
 };
 
 // The first stderr line that matches `re`, trimmed, for the cause.
@@ -102,8 +102,8 @@ FailureClass Classify(const FailureEvidence& e) {
     c.kind = r.kind;
     c.rule = r.name;
     c.max_retries = r.max_retries;
-    c.cause = line.empty() ? absl::StrCat(r.what, " (", How(e), ")")
-                           : absl::StrCat(r.what, " (", How(e), "): ", line);
+    c.cause = *r.what == '\0' ? How(e) : absl::StrCat(r.what, " (", How(e), ")");
+    if (!line.empty()) absl::StrAppend(&c.cause, ": ", line);
     if (r.flag != nullptr && r.signal == 0 && r.stderr_pattern == nullptr && e.signal == 0 &&
         e.exit_code == 0) {
       c.cause = r.what;  // e.g. a hang: the worker was stopped by us

@@ -19,7 +19,8 @@ TEST(Classify, PlainExitCode) {
 
 TEST(Classify, SignalsByName) {
   EXPECT_EQ(Classify({.signal = SIGKILL}).kind, FailureKind::kKilled);
-  EXPECT_EQ(Classify({.signal = SIGKILL}).cause, "killed (killed by SIGKILL (signal 9))");
+  EXPECT_EQ(Classify({.signal = SIGKILL}).cause, "killed by SIGKILL (signal 9)");
+  EXPECT_EQ(Classify({.signal = SIGSEGV}).cause, "segmentation fault (killed by SIGSEGV (signal 11))");
   EXPECT_EQ(Classify({.signal = SIGSEGV}).kind, FailureKind::kSegfault);
   EXPECT_EQ(Classify({.signal = SIGBUS}).rule, "sigbus");
   EXPECT_EQ(Classify({.signal = SIGABRT}).kind, FailureKind::kAbort);

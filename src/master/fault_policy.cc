@@ -10,11 +10,9 @@ namespace ballast::master {
 std::string FaultPolicy::DescribeCause(const v1::FailureReport& report) {
   std::string cause = report.signal() != 0 ? absl::StrCat("killed by ", SignalName(report.signal()))
                                            : absl::StrCat("exit code ", report.exit_code());
-  if (!report.cause().empty() && !absl::StrContains(cause, report.cause()) &&
-      !absl::StrContains(report.cause(), cause)) {
-    absl::StrAppend(&cause, " (", report.cause(), ")");
-  }
-  return cause;
+  if (report.cause().empty() || absl::StrContains(cause, report.cause())) return cause;
+  if (absl::StrContains(report.cause(), cause)) return report.cause();
+  return absl::StrCat(cause, " (", report.cause(), ")");
 }
 
 std::string FaultPolicy::DescribeWorker(const v1::FailureReport& report, const std::string& host) {
@@ -49,7 +47,15 @@ FailureVerdict FaultPolicy::OnFailure(const v1::FailureReport& report, const std
                          ")")};
   }
   decided_round_ = report.round();
+  if (report.max_retries() >= 0 && !report.kind().empty() &&
+      restarts_by_kind_[report.kind()] >= report.max_retries()) {
+    return {FailureAction::kFailJob,
+            absl::StrCat(JobFailureMessage(report, host, restarts_used, max_restarts_), "\n(",
+                         report.kind(), " failures are retried at most ", report.max_retries(),
+                         " time(s): the same failure is likely to repeat)")};
+  }
   if (restarts_used < max_restarts_) {
+    ++restarts_by_kind_[report.kind()];
     return {FailureAction::kRestart,
             absl::StrCat("restarting in place (restart ", restarts_used + 1, " of ",
                          max_restarts_, "): ", DescribeWorker(report, host))};

@@ -7,13 +7,17 @@
 // reports say nothing new. They get kIgnore.
 //
 // Membership changes (scale up/down) are not failures and never reach here,
-// so they do not use up restarts.
+// so they do not use up restarts. A failure kind with its own retry limit
+// (the agent's classification, e.g. out of memory: retrying the same batch on
+// the same memory fails the same way) fails the job once that many restarts
+// went to it, even if --max-restarts allows more.
 //
 // Ownership: plain value type. Thread safety: none; the owner (JobMaster)
 // serializes access.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "ballast/v1/master.pb.h"
@@ -42,8 +46,9 @@ class FaultPolicy {
 
   int max_restarts() const { return max_restarts_; }
 
-  // "exit code 1" or "killed by SIGKILL", plus the agent's own classification
-  // when it adds something (e.g. "hang").
+  // "exit code 1" or "killed by SIGKILL"; the agent's own classification
+  // instead when it says more (e.g. "out of GPU memory (exit code 1): ..."),
+  // or added in parentheses when it says something else (e.g. "hang").
   static std::string DescribeCause(const v1::FailureReport& report);
   // "worker rank 3 (local rank 1) on node n1 (host h1) failed in round 2: exit code 1"
   static std::string DescribeWorker(const v1::FailureReport& report, const std::string& host);
@@ -55,6 +60,7 @@ class FaultPolicy {
  private:
   int max_restarts_;
   int64_t decided_round_ = -1;  // the last round a report decided on
+  std::map<std::string, int> restarts_by_kind_;  // restarts spent on each failure kind
 };
 
 }  // namespace ballast::master

@@ -64,6 +64,26 @@ TEST(FaultPolicy, CauseNamesSignal) {
   EXPECT_EQ(FaultPolicy::DescribeCause(r), "killed by SIGKILL (hang: no progress for 600 s)");
 }
 
+TEST(FaultPolicy, AgentClassificationReplacesPlainCauseWhenItSaysMore) {
+  v1::FailureReport r = Report(1, 1);
+  r.set_cause("out of GPU memory (exit code 1): torch.cuda.OutOfMemoryError: CUDA out of memory");
+  EXPECT_EQ(FaultPolicy::DescribeCause(r), r.cause());
+}
+
+TEST(FaultPolicy, OutOfMemoryIsNotRetriedForever) {
+  FaultPolicy p(10);
+  v1::FailureReport oom = Report(1, 1);
+  oom.set_kind("out-of-memory");
+  oom.set_max_retries(1);
+  EXPECT_EQ(p.OnFailure(oom, "h", 0).action, FailureAction::kRestart);
+  // An unrelated failure in between does not reset the count.
+  EXPECT_EQ(p.OnFailure(Report(2), "h", 1).action, FailureAction::kRestart);
+  oom.set_round(3);
+  FailureVerdict v = p.OnFailure(oom, "h", 2);
+  EXPECT_EQ(v.action, FailureAction::kFailJob);
+  EXPECT_THAT(v.message, HasSubstr("out-of-memory failures are retried at most 1 time(s)"));
+}
+
 TEST(FaultPolicy, EmptyStderrIsSaidSo) {
   v1::FailureReport r = Report(1);
   r.clear_stderr_tail();

@@ -592,6 +592,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   last_failure_.set_cause(FaultPolicy::DescribeCause(report));
   last_failure_.set_stderr_tail(report.stderr_tail());
   last_failure_.set_host(host);
+  last_failure_.set_kind(report.kind());
   if (verdict.action == FailureAction::kFailJob) {
     Finish(false, verdict.message);
     return;
