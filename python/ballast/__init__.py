@@ -11,12 +11,22 @@ Example::
     step, state = ckpt.load()                      # (None, None) on a fresh start
     ckpt.save(10, {"model": model.state_dict()}, persist=True)
     ckpt.wait()
+
+Progress: ``ballast.step(n)`` tells the agent the worker reached step n (two
+stores into shared memory); ``ballast run --hang-timeout S`` restarts workers
+whose progress stops. Under an agent, ``import ballast`` registers faulthandler
+on SIGUSR1 so a hung worker's Python stacks reach the log (see ballast.progress).
 """
 
 from ballast._ballast import CheckpointCorruptError
 from ballast._tree import Shard
 from ballast.checkpoint import Checkpointer, read_checkpoint
+from ballast import progress
+from ballast._ballast import step
+
+progress.install_stack_dump_handler()
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "read_checkpoint", "__version__"]
+__all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "read_checkpoint", "step", "progress",
+           "__version__"]

@@ -304,10 +304,15 @@ class Checkpointer:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         rank, world = self.rank_world()
-        entries, keepalive = _tree.encode_state(
-            state_dict, {"rank": rank, "world_size": world, "step": step})
-        self._store.save(step, entries)
-        del keepalive
+        # The agent's hang detection allows a save its checkpoint grace period.
+        _C.progress_checkpoint(True)
+        try:
+            entries, keepalive = _tree.encode_state(
+                state_dict, {"rank": rank, "world_size": world, "step": step})
+            self._store.save(step, entries)
+            del keepalive
+        finally:
+            _C.progress_checkpoint(False)
         if persist:
             self._request_persist(step, rank, world)
 
@@ -343,6 +348,9 @@ class Checkpointer:
         step = self._requested
         if self.agent:
             if not self._store.wait_durable(step, float(timeout)):
+                err = self._store.persist_error()
+                if err is not None and err[0] >= step:
+                    raise OSError(f"checkpoint step {step} could not be made durable: {err[1]}")
                 raise TimeoutError(
                     f"checkpoint step {step} was not made durable within {timeout:g} s: no "
                     f"ballast agent persisted the shared memory {self._store.name} "

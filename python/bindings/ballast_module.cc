@@ -13,12 +13,15 @@
 // owner's unlink) lasts as long as anything uses it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -40,6 +43,7 @@
 #include "ckpt/shm_segment.h"
 #include "ckpt/slot_store.h"
 #include "ckpt/snapshot.h"
+#include "common/progress_cell.h"
 
 namespace py = pybind11;
 
@@ -406,6 +410,8 @@ class PyStore {
     auto sleep = std::chrono::microseconds(200);
     while (store->durable_step() < step) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
+      // The persister said this step cannot be made durable: stop waiting.
+      if (auto err = store->GetPersistError(); err.has_value() && err->step >= step) return false;
       std::this_thread::sleep_for(sleep);
       sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::milliseconds(20));
     }
@@ -543,6 +549,70 @@ double BenchMemcpy(const std::vector<std::pair<uintptr_t, uint64_t>>& buffers, i
   return best;
 }
 
+// --- Progress (ballast.step) ------------------------------------------------
+// The worker's progress cell (src/common/progress_cell.h), mapped on the first
+// call: cell LOCAL_RANK of the agent's BALLAST_PROGRESS_SHM object, or a
+// process-local cell without an agent (then step() only records locally). The
+// mapping lives as long as the process; the agent unlinks the object.
+ballast::ProgressCell g_local_cell;
+ballast::ProgressCell* g_cell = nullptr;
+std::string g_cell_source = "local";
+
+ballast::ProgressCell* ResolveCell() {
+  const char* name = std::getenv(ballast::kProgressShmEnv);
+  const char* lr = std::getenv("LOCAL_RANK");
+  if (name == nullptr || *name == '\0') return &g_local_cell;
+  const long local_rank = lr != nullptr ? std::strtol(lr, nullptr, 10) : 0;
+  int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) return &g_local_cell;
+  struct stat st;
+  void* base = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= ballast::ProgressShmSize(1))
+    base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return &g_local_cell;
+  const auto* header = static_cast<const ballast::ProgressHeader*>(base);
+  if (header->magic != ballast::kProgressMagic || local_rank < 0 ||
+      static_cast<uint64_t>(local_rank) >= header->num_cells ||
+      ballast::ProgressShmSize(header->num_cells) > static_cast<size_t>(st.st_size)) {
+    munmap(base, static_cast<size_t>(st.st_size));
+    return &g_local_cell;
+  }
+  g_cell_source = absl::StrCat(name, "#", local_rank);
+  return ballast::ProgressCellAt(base, static_cast<size_t>(local_rank));
+}
+
+inline ballast::ProgressCell* Cell() {
+  if (g_cell == nullptr) g_cell = ResolveCell();
+  return g_cell;
+}
+
+// A raw METH_O function rather than a pybind11 one: the call is on every
+// training step, and this skips pybind11's argument dispatch.
+PyObject* PyStep(PyObject*, PyObject* arg) {
+  const long long n = PyLong_AsLongLong(arg);
+  if (n == -1 && PyErr_Occurred() != nullptr) return nullptr;
+  if (n < 0) {
+    PyErr_Format(PyExc_ValueError, "ballast.step: the step must be >= 0, got %lld", n);
+    return nullptr;
+  }
+  ballast::RecordStep(Cell(), static_cast<uint64_t>(n), ballast::MonotonicNowNs());
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kProgressMethods[] = {
+    {"step", PyStep, METH_O,
+     "step(n): tells the ballast agent that this worker reached training step n.\n\n"
+     "Two stores into shared memory: cheap enough for every step. Under `ballast run "
+     "--hang-timeout S` a worker whose step stops changing for S seconds is hung; the "
+     "step times also feed the master's straggler detection. Without an agent it only "
+     "records locally.\n\n"
+     "Example::\n\n"
+     "    for step in range(start, steps):\n"
+     "        train_one_batch()\n"
+     "        ballast.step(step)"},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 }  // namespace ballast::python
 
@@ -596,6 +666,17 @@ PYBIND11_MODULE(_ballast, m) {
            [](const PyStore& s, uint64_t step) { s.store()->MarkCommitted(step); })
       .def("committed_step", [](const PyStore& s) { return s.store()->committed_step(); })
       .def("wait_durable", &PyStore::WaitDurable, py::arg("step"), py::arg("timeout_s"))
+      .def("persist_error",
+           [](const PyStore& s) -> py::object {
+             auto err = s.store()->GetPersistError();
+             if (!err.has_value()) return py::none();
+             return py::make_tuple(err->step, err->message);
+           })
+      .def("_report_persist_error",
+           [](const PyStore& s, uint64_t step, const std::string& message) {
+             s.store()->ReportPersistError(step, message);
+           },
+           py::arg("step"), py::arg("message"))
       .def("_set_test_pause_before_commit", &PyStore::SetTestPauseBeforeCommit, py::arg("path"))
       .def("close", &PyStore::Close);
 
@@ -619,4 +700,16 @@ PYBIND11_MODULE(_ballast, m) {
   m.def("default_copy_threads", &ckpt::DefaultCopyThreads);
   m.def("bench_memcpy", &BenchMemcpy, py::arg("buffers"), py::arg("threads") = 0,
         py::arg("repeats") = 1);
+
+  if (PyModule_AddFunctions(m.ptr(), kProgressMethods) != 0) throw py::error_already_set();
+  m.def("progress_checkpoint", [](bool active) {
+    Cell()->checkpoint_ns.store(active ? ballast::MonotonicNowNs() : 0, std::memory_order_release);
+  }, py::arg("active"), "Marks the start (True) or end (False) of a checkpoint save: the agent then "
+                        "allows BALLAST_HANG_CHECKPOINT_GRACE_S instead of the hang timeout.");
+  m.def("progress_state", [] {
+    ballast::ProgressCell* c = Cell();
+    return py::dict(py::arg("step") = c->step.load(), py::arg("timestamp_ns") = c->timestamp_ns.load(),
+                    py::arg("checkpoint_ns") = c->checkpoint_ns.load(), py::arg("reports") = c->reports.load(),
+                    py::arg("cell") = g_cell_source);
+  }, "The worker's progress cell, as the agent sees it (for tests and debugging).");
 }

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
 #include "common/subprocess.h"
+#include "common/chaos.h"
 #include "health/failure_class.h"
 #include "spdlog/spdlog.h"
 
@@ -78,6 +80,8 @@ v1::JobSpec JoinSpec(const RunOptions& o) {
   if (o.node_unit > 0) spec.set_node_unit(o.node_unit);
   if (!o.rdzv_id.empty()) spec.set_run_id(o.rdzv_id);
   if (o.last_call_s >= 0) spec.set_last_call_s(o.last_call_s);
+  if (o.precheck) spec.set_precheck(true);
+  if (o.exclude_stragglers) spec.set_exclude_stragglers(true);
   return spec;
 }
 
@@ -96,6 +100,17 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     auto it = spec.base_env.find("PYTHONPATH");
     spec.base_env["PYTHONPATH"] = WorkerPythonPath(pkg, it == spec.base_env.end() ? "" : it->second);
   }
+  // Progress cells: one per local rank, LOCAL_RANK picks the worker's cell.
+  if (auto progress = ProgressMonitor::Create(std::max(1, options_.run.nproc_per_node)); progress.ok()) {
+    progress_ = std::move(*progress);
+    spec.base_env[kProgressShmEnv] = progress_->name();
+  } else {
+    spdlog::warn("progress: cannot create the shared-memory cells ({}); no hang detection or step times",
+                 progress.status().ToString());
+  }
+  hang_.timeout_s = options_.run.hang_timeout_s;
+  hang_.first_step_grace_s = options_.tunables.hang_first_step_grace_s;
+  hang_.checkpoint_grace_s = options_.tunables.hang_checkpoint_grace_s;
   spec.role = options_.run.role;
   spec.node_id = options_.node_id;
   spec.log_dir = options_.run.log_dir;
@@ -206,6 +221,29 @@ void Agent::PublishState() {
 
 int Agent::Run() {
   const Tunables& t = options_.tunables;
+  {
+    // Fault injection for drills and tests (common/chaos.h).
+    const char* chaos_env = std::getenv(kChaosEnv);
+    auto chaos = ParseChaosSpec(chaos_env != nullptr ? chaos_env : "");
+    if (!chaos.ok()) {
+      PrintError(absl::StrCat(kChaosEnv, ": ", chaos.status().message()));
+      return 2;
+    }
+    PrecheckRunnerOptions po;
+    po.node_id = options_.node_id;
+    po.host = options_.host;
+    po.node_rank = options_.run.node_rank;
+    po.nproc_per_node = options_.run.nproc_per_node;
+    po.python = options_.run.python;
+    po.base_env = CurrentEnvironment();
+    if (std::string pkg = PythonPackageDir(SelfExePath()); !pkg.empty()) {
+      auto it = po.base_env.find("PYTHONPATH");
+      po.base_env["PYTHONPATH"] = WorkerPythonPath(pkg, it == po.base_env.end() ? "" : it->second);
+    }
+    po.chaos = *std::move(chaos);
+    po.kv_wait_s = t.kv_wait_s;
+    precheck_ = std::make_unique<PrecheckRunner>(std::move(po), client_.get());
+  }
   v1::JoinRequest join;
   auto* node = join.mutable_node();
   node->set_node_id(options_.node_id);
@@ -316,6 +354,15 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
       PrintError(absl::StartsWith(f.message(), "job failed") ? f.message() : absl::StrCat("job failed: ", f.message()));
       return 1;
     }
+    case v1::Decision::kRunCheck:
+      if (running_round_) StopWorkers("the master runs the pre-flight check");
+      precheck_->Start(d.run_check(), [this] { return SupersedingEventPending(); });
+      return std::nullopt;
+    case v1::Decision::kExcluded:
+      // Non-zero: a scheduler (ballast launch, a pod restart) replaces the node.
+      StopWorkers("this node was excluded from the job");
+      PrintError(absl::StrCat("this node was excluded from the job: ", d.excluded().reason(), " (", Fmt(), ")"));
+      return 1;
     case v1::Decision::KIND_NOT_SET:
       break;
   }
@@ -324,6 +371,7 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
 }
 
 void Agent::StopWorkers(const std::string& why, bool breakpoint_save) {
+  if (precheck_ != nullptr) precheck_->Stop();
   if (!workers_->started()) {
     running_round_ = false;
     return;
@@ -424,6 +472,10 @@ void Agent::StartRound(const v1::StartRound& start) {
   rs.run_id = start.run_id();
   rs.master_addr = endpoint->first;
   rs.master_port = endpoint->second;
+  // No worker runs now: the cells start clean, and the first-step grace counts from here.
+  if (progress_ != nullptr) progress_->Reset();
+  round_started_ns_ = MonotonicNowNs();
+  next_progress_report_ns_ = round_started_ns_;
   absl::Status s = workers_->Start(rs);
   if (!s.ok()) {
     report_start_failure(std::string(s.message()));
@@ -460,6 +512,7 @@ void Agent::ReportFailure(const v1::FailureReport& report) {
 }
 
 std::optional<int> Agent::PollWorkers() {
+  if (precheck_ != nullptr) precheck_->Poll();
   if (!running_round_) return std::nullopt;
   std::vector<WorkerEvent> events = workers_->Poll();
   for (const WorkerEvent& e : events) {
@@ -504,7 +557,96 @@ std::optional<int> Agent::PollWorkers() {
     }
   }
   if (!events.empty()) PublishState();
+  if (running_round_) {
+    CheckHangs();
+    MaybeReportProgress();
+  }
   return std::nullopt;
+}
+
+void Agent::CheckHangs() {
+  if (progress_ == nullptr || hang_.timeout_s <= 0 || round_failed_reported_) return;
+  const uint64_t now = MonotonicNowNs();
+  const std::vector<WorkerInfo> workers = workers_->Workers();
+  // Of several hung workers (the others usually wait for the first in a
+  // collective) the one with the oldest progress is blamed.
+  const WorkerInfo* hung = nullptr;
+  CellSnapshot cell;
+  HangVerdict v;
+  for (const WorkerInfo& w : workers) {
+    if (w.state != "running" || w.local_rank >= progress_->num_cells()) continue;
+    const CellSnapshot c = progress_->Read(w.local_rank);
+    const HangVerdict cv = CheckHang(c, now, round_started_ns_, hang_);
+    if (!cv.hung) continue;
+    if (hung == nullptr || c.step < cell.step || (c.step == cell.step && c.timestamp_ns < cell.timestamp_ns)) {
+      hung = &w;
+      cell = c;
+      v = cv;
+    }
+  }
+  if (hung == nullptr) return;
+  const WorkerInfo& w = *hung;
+  {
+    const std::string last_step = cell.timestamp_ns == 0 ? "none" : absl::StrCat(cell.step);
+    spdlog::error("worker hung: no progress for {:.1f} s (limit {:.0f} s, {}; last step {}) node={} rank={} "
+                  "local_rank={} round={}; dumping the Python stacks of this node's workers",
+                  v.idle_s, v.limit_s, v.phase, last_step, options_.node_id, w.global_rank, w.local_rank, round_);
+    // `import ballast` registered faulthandler on SIGUSR1 (all threads, to
+    // stderr), which the output reader forwards and logs. Every worker, not
+    // only the hung one: the others usually wait for it in a collective, and
+    // their stacks show where. One at a time, so their dumps do not
+    // interleave. Only the worker process, not its group: its children did
+    // not install the handler and SIGUSR1 would end them.
+    const double wait_s = options_.tunables.hang_dump_wait_s;
+    const double slice_s = std::min(0.2, wait_s / std::max<size_t>(1, workers.size()));
+    double waited = 0;
+    for (const WorkerInfo& o : workers) {
+      if (o.state != "running" || o.pid <= 0) continue;
+      spdlog::info("Python stacks of rank {} (local rank {}, pid {}){}:", o.global_rank, o.local_rank, o.pid,
+                   o.local_rank == w.local_rank ? ", the hung worker" : "");
+      kill(o.pid, SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::duration<double>(slice_s));
+      waited += slice_s;
+    }
+    if (wait_s > waited) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s - waited));
+    kill(-w.pid, SIGKILL);
+    // Reported now, with the hang as its cause; the reaped SIGKILL (and the
+    // other workers' failures that follow it) are then consequences.
+    round_failed_reported_ = true;
+    v1::FailureReport report;
+    report.set_node_id(options_.node_id);
+    report.set_round(round_);
+    report.set_local_rank(w.local_rank);
+    report.set_global_rank(w.global_rank);
+    report.set_signal(SIGKILL);
+    report.set_stderr_tail(absl::StrCat("no progress for ", static_cast<int>(v.idle_s), " s (", v.phase,
+                                        ", last step ", last_step, "); Python stacks are in the agent's log"));
+    health::FailureEvidence evidence;
+    evidence.signal = SIGKILL;
+    evidence.hang = true;
+    health::FailureClass fc = health::Classify(evidence);
+    report.set_cause(fc.cause);
+    report.set_kind(health::FailureKindName(fc.kind));
+    report.set_max_retries(fc.max_retries);
+    ReportFailure(report);
+  }
+}
+
+void Agent::MaybeReportProgress() {
+  if (progress_ == nullptr) return;
+  const uint64_t now = MonotonicNowNs();
+  if (now < next_progress_report_ns_) return;
+  next_progress_report_ns_ = now + static_cast<uint64_t>(options_.tunables.progress_report_interval_s * 1e9);
+  ProgressSummary sum = progress_->Summarize();
+  if (!sum.any_step) return;
+  v1::ProgressReport report;
+  report.set_node_id(options_.node_id);
+  report.set_round(round_);
+  report.set_step(static_cast<int64_t>(sum.min_step));
+  report.set_step_time_s(sum.step_time_s);
+  // Best effort with a short deadline: the main loop must keep supervising.
+  absl::Status s = client_->ReportProgress(report, 0.5);
+  if (!s.ok()) spdlog::debug("progress report: {} {}", s.ToString(), Fmt());
 }
 
 }  // namespace ballast::agent

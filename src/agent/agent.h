@@ -28,6 +28,8 @@
 #include "absl/status/status.h"
 #include "agent/ckpt_persister.h"
 #include "agent/master_client.h"
+#include "agent/precheck_runner.h"
+#include "agent/progress_monitor.h"
 #include "agent/run_options.h"
 #include "agent/worker_group.h"
 #include "ballast/v1/master.pb.h"
@@ -125,6 +127,11 @@ class Agent {
   // Creates the checkpoint stores (after Join: their names carry the job id).
   void StartCheckpointStores(const std::string& job_id);
   void PublishState();
+  // Hang detection (--hang-timeout): a hung worker's stacks are dumped, it is
+  // killed and its failure reported with the hang evidence.
+  void CheckHangs();
+  // Every progress_report_interval_s: the node's min step and step time.
+  void MaybeReportProgress();
   std::string Fmt() const;  // "node=<id> round=<n>" log keys
 
   AgentOptions options_;
@@ -133,6 +140,13 @@ class Agent {
   // Null when flash checkpoint is off or /dev/shm is unusable. Declared after
   // client_ so it is destroyed first (its thread reports through client_).
   std::unique_ptr<CkptPersister> ckpt_;
+  // Pre-flight check workers (RunCheck decisions); created in Run().
+  std::unique_ptr<PrecheckRunner> precheck_;
+  // The workers' progress cells (BALLAST_PROGRESS_SHM); null when /dev/shm is unusable.
+  std::unique_ptr<ProgressMonitor> progress_;
+  HangOptions hang_;
+  uint64_t round_started_ns_ = 0;       // CLOCK_MONOTONIC when round_'s workers started
+  uint64_t next_progress_report_ns_ = 0;
 
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none

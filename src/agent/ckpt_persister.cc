@@ -149,6 +149,11 @@ void CkptPersister::PollOnce() {
         s.skipped_request = requested;
         spdlog::warn("checkpoint step {} can no longer be persisted ({}); waiting for the next persist request {}",
                      requested, std::string(pin.status().message()), Keys(*cfg));
+        s.slots->ReportPersistError(
+            requested, absl::StrCat("step ", requested,
+                                    " was overwritten in shared memory by newer saves before the agent could "
+                                    "persist it; save with persist=True less often than every save, or wait() "
+                                    "before the next save"));
       } else if (pin->step() <= durable) {
         s.skipped_request = requested;  // nothing newer than what is on disk
       } else {
@@ -160,6 +165,9 @@ void CkptPersister::PollOnce() {
                                  std::chrono::duration<double>(options_.retry_after_s));
           spdlog::error("cannot persist checkpoint step {} to {}: {} (retrying in {} s) {}", step, cfg->dir,
                         st.ToString(), options_.retry_after_s, Keys(*cfg));
+          s.slots->ReportPersistError(
+              requested, absl::StrCat("the agent cannot write step ", step, " to ", cfg->dir, ": ",
+                                      st.message(), " (it retries every ", options_.retry_after_s, " s)"));
         }
       }
     }

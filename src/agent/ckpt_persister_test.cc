@@ -217,10 +217,13 @@ TEST_F(AgentCkptPersisterTest, ThePollThreadServesRequestsWhileTheWriterKeepsSav
     Save(0, step, true, 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // committed_step is marked after the whole commit (COMPLETE, latest,
+  // retention); durable_step already before it, so waiting on that races.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (workers_[0]->durable_step() < 20 && std::chrono::steady_clock::now() < deadline)
+  while (workers_[0]->committed_step() < 20 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(workers_[0]->durable_step(), 20u);
+  EXPECT_EQ(workers_[0]->committed_step(), 20u);
   auto latest = ckpt::ReadLatestStep(dir_);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, 20u);

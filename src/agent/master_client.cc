@@ -116,6 +116,13 @@ absl::Status MasterClient::ReportFailure(const v1::FailureReport& report) {
   return FromGrpcStatus(stub_->ReportFailure(&ctx, report, &ack));
 }
 
+absl::Status MasterClient::ReportCheckResult(const v1::CheckResult& result) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, options_.rpc_timeout_s);
+  v1::Ack ack;
+  return FromGrpcStatus(stub_->ReportCheckResult(&ctx, result, &ack));
+}
+
 absl::Status MasterClient::ReportWorkersDone(const std::string& node_id, int64_t round) {
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, options_.rpc_timeout_s);
@@ -124,6 +131,13 @@ absl::Status MasterClient::ReportWorkersDone(const std::string& node_id, int64_t
   req.set_round(round);
   v1::Ack ack;
   return FromGrpcStatus(stub_->ReportWorkersDone(&ctx, req, &ack));
+}
+
+absl::Status MasterClient::ReportProgress(const v1::ProgressReport& report, double timeout_s) {
+  grpc::ClientContext ctx;
+  CallScope scope(this, &ctx, timeout_s > 0 ? timeout_s : options_.rpc_timeout_s);
+  v1::Ack ack;
+  return FromGrpcStatus(stub_->ReportProgress(&ctx, report, &ack));
 }
 
 absl::Status MasterClient::KvSet(const std::string& key, const std::string& value) {

@@ -69,6 +69,8 @@ class MasterClient {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status ReportFailure(const v1::FailureReport& report);
   absl::Status ReportWorkersDone(const std::string& node_id, int64_t round);
+  absl::Status ReportProgress(const v1::ProgressReport& report, double timeout_s);
+  absl::Status ReportCheckResult(const v1::CheckResult& result);
   absl::Status KvSet(const std::string& key, const std::string& value);
   // Flash checkpoint: a shard is durable; the answer says whether to commit.
   absl::StatusOr<v1::ShardDurableResponse> ReportShardDurable(const v1::ShardDurableReport& report,

@@ -219,7 +219,26 @@ const std::map<std::string, FlagDef>& FlagTable() {
           if (o->monitor_interval_s <= 0) return FlagError(f, "must be > 0 seconds");
           return absl::OkStatus();
         }}},
+      {"--hang-timeout",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(o->hang_timeout_s, ParseDouble(f, v));
+          if (o->hang_timeout_s < 0) return FlagError(f, "must be >= 0 seconds (0 turns hang detection off)");
+          return absl::OkStatus();
+        }}},
       {"--role", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->role = v; return absl::OkStatus(); }}},
+      {"--network-check", {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->precheck = true; return absl::OkStatus(); }}},
+      {"--precheck",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          int level = 0;
+          ASSIGN_OR_RETURN(level, ParseInt(f, v));
+          if (level < 0 || level > 1) return FlagError(f, "must be 0 (off) or 1 (pre-flight check)");
+          o->precheck = level == 1;
+          return absl::OkStatus();
+        }}},
+      {"--exclude-stragglers",
+       {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->exclude_stragglers = true; return absl::OkStatus(); }}},
       {"--node-unit",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
@@ -356,6 +375,14 @@ Job shape:
   --node-unit N             world size in nodes is rounded down to a multiple of N
   --role NAME               worker role name (ROLE_NAME) [default]
 
+Pre-flight check:
+  --network-check           before training (and when replacement nodes join), nodes run
+                            a matmul + allreduce check in pairs; faulty nodes are excluded
+                            and replaced (same as --precheck 1) [off]
+  --precheck 0|1            0: no check, 1: the pre-flight check
+  --exclude-stragglers      also exclude nodes slower than 2x the median (else reported)
+  BALLAST_CHAOS=SPEC        fault injection, e.g. check-fail:node=1 (the node's --node-rank)
+
 Master / rendezvous:
   --standalone              single-node job with an embedded master
   --rdzv-endpoint HOST:PORT the `ballast master` of this job
@@ -373,7 +400,11 @@ Workers:
   --no-python               run SCRIPT as a program, without python
   --run-path                run SCRIPT with python (same as the default)
   --python INTERPRETER      python for the workers [python3]
-  --monitor-interval S      how often workers are checked [0.1]
+  --monitor-interval S      how often workers are checked [0.05]
+  --hang-timeout S          a worker whose `ballast.step()` progress stops for S seconds
+                            is hung: its Python stacks are logged and the workers
+                            restart as for a failure [0: off]; see the tunables
+                            BALLAST_HANG_FIRST_STEP_GRACE_S, BALLAST_HANG_CHECKPOINT_GRACE_S
 
 Output:
   --log-dir DIR             write each worker's stdout/stderr under

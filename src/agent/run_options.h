@@ -33,8 +33,11 @@ struct RunOptions {
   std::string log_dir;                 // --log-dir; "" = none
   std::string redirects = "0";         // -r/--redirects: 0..3 or per-rank map "0:1,1:2"
   std::string tee = "0";               // -t/--tee: same format
-  double monitor_interval_s = 0.1;     // --monitor-interval (how often workers are polled)
+  double monitor_interval_s = 0.05;    // --monitor-interval (how often workers are polled)
+  double hang_timeout_s = 0;           // --hang-timeout; 0 = no hang detection
   std::string role = "default";        // --role
+  bool precheck = false;               // --network-check / --precheck 1: pre-flight check
+  bool exclude_stragglers = false;     // --exclude-stragglers
   int node_unit = 0;                   // --node-unit; 0 = the master's
   std::string token;                   // --token or BALLAST_TOKEN
   std::string python = "python3";      // --python INTERPRETER

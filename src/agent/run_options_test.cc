@@ -145,6 +145,8 @@ TEST(RunFlags, RejectsBadValues) {
   EXPECT_EQ(Parse({"--max-restarts", "-1", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Parse({"--master-port", "70000", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Parse({"--monitor-interval", "0", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--hang-timeout", "-1", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--hang-timeout", "soon", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Parse({"--rdzv-endpoint", "nohostport", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Parse({"--standalone=1", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -204,6 +206,33 @@ TEST(RunFlags, TokenDefaultsToTheEnvironment) {
   EXPECT_EQ(r->token, "from-env");
   ASSERT_TRUE(flag.ok());
   EXPECT_EQ(flag->token, "from-flag");
+}
+
+TEST(ParseRunArgs, HangTimeoutBothSpellingsDefaultOff) {
+  auto off = Parse({"t.py"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->hang_timeout_s, 0);
+  for (auto args : {std::vector<std::string>{"--hang-timeout", "30", "t.py"},
+                    std::vector<std::string>{"--hang_timeout=30", "t.py"}}) {
+    auto r = Parse(args);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_DOUBLE_EQ(r->hang_timeout_s, 30);
+  }
+}
+
+TEST(ParseRunArgs, PrecheckFlags) {
+  auto off = Parse({"t.py"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->precheck);
+  EXPECT_FALSE(off->exclude_stragglers);
+  auto nc = Parse({"--network-check", "--exclude-stragglers", "t.py"});
+  ASSERT_TRUE(nc.ok()) << nc.status();
+  EXPECT_TRUE(nc->precheck);
+  EXPECT_TRUE(nc->exclude_stragglers);
+  auto p1 = Parse({"--precheck", "1", "t.py"});
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  EXPECT_TRUE(p1->precheck);
+  EXPECT_EQ(Parse({"--precheck", "7", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -43,6 +43,12 @@ struct PersistChannel {
   std::atomic<uint64_t> request_step;  // newest step the writer asked to persist (0: none)
   std::atomic<uint64_t> durable_step;  // newest step the persister made durable
   std::atomic<uint64_t> committed_step;  // newest step globally committed (latest)
+  // The persister's last failure, for the writer's wait(): seqlocked like the
+  // config (error_seq odd while written).
+  std::atomic<uint64_t> error_seq;
+  uint64_t error_step;
+  uint32_t error_len;
+  char error[SlotStore::kMaxPersistErrorBytes];
 };
 
 struct ControlBlock {
@@ -58,7 +64,7 @@ struct ControlBlock {
 namespace {
 
 constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
-constexpr uint32_t kControlVersion = 2;
+constexpr uint32_t kControlVersion = 3;
 constexpr uint64_t kControlBytes = 4096;
 constexpr uint64_t kGrowGranularity = 2u << 20;
 
@@ -466,5 +472,32 @@ void SlotStore::MarkDurable(uint64_t step) { StoreMax(block_->persist.durable_st
 uint64_t SlotStore::durable_step() const { return block_->persist.durable_step.load(); }
 void SlotStore::MarkCommitted(uint64_t step) { StoreMax(block_->persist.committed_step, step); }
 uint64_t SlotStore::committed_step() const { return block_->persist.committed_step.load(); }
+
+void SlotStore::ReportPersistError(uint64_t step, const std::string& message) {
+  PersistChannel& p = block_->persist;
+  uint64_t seq = p.error_seq.load(std::memory_order_relaxed);
+  if (seq % 2 == 1) ++seq;
+  p.error_seq.store(seq + 1, std::memory_order_seq_cst);
+  p.error_step = step;
+  size_t n = std::min(message.size(), kMaxPersistErrorBytes - 1);
+  p.error_len = static_cast<uint32_t>(n);
+  std::memcpy(p.error, message.data(), n);
+  p.error_seq.store(seq + 2, std::memory_order_release);
+}
+
+std::optional<PersistError> SlotStore::GetPersistError() const {
+  const PersistChannel& p = block_->persist;
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    uint64_t before = p.error_seq.load(std::memory_order_acquire);
+    if (before == 0) return std::nullopt;
+    if (before % 2 == 1) continue;
+    PersistError e;
+    e.step = p.error_step;
+    e.message.assign(p.error, std::min<uint32_t>(p.error_len, kMaxPersistErrorBytes - 1));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (p.error_seq.load(std::memory_order_relaxed) == before) return e;
+  }
+  return std::nullopt;
+}
 
 }  // namespace ballast::ckpt

@@ -87,6 +87,12 @@ struct PersistConfig {
   int keep_last = 3;   // complete steps to keep
 };
 
+// The persister's last failure to make a requested step durable.
+struct PersistError {
+  uint64_t step = 0;
+  std::string message;
+};
+
 enum class SlotState : uint32_t { kEmpty = 0, kWriting = 1, kCommitted = 2 };
 
 // What Inspect() reports about one slot (a racy snapshot, for logs and tests).
@@ -195,6 +201,12 @@ class SlotStore {
   // Persister: `step` is globally committed (every rank durable; `latest`).
   void MarkCommitted(uint64_t step);
   uint64_t committed_step() const;
+  // Persister: `step` cannot be made durable (write failed, or the step was
+  // overwritten in memory before it was pinned), so the writer's wait() can
+  // fail with `message` instead of timing out. The newest report wins.
+  static constexpr size_t kMaxPersistErrorBytes = 512;
+  void ReportPersistError(uint64_t step, const std::string& message);
+  std::optional<PersistError> GetPersistError() const;
   const std::string& name() const { return name_; }
   int num_slots() const { return num_slots_; }
   bool owner() const { return owner_; }

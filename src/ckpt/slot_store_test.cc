@@ -395,3 +395,25 @@ TEST(CkptPersistChannel, RejectsBadConfig) {
 
 }  // namespace
 }  // namespace ballast::ckpt
+
+namespace ballast::ckpt {
+namespace {
+
+TEST(CkptPersistChannel, PersistErrorIsSeenByTheOtherSide) {
+  std::string name = "/ballast-test-chan-err-" + std::to_string(getpid());
+  auto owner = SlotStore::Create(name);
+  ASSERT_TRUE(owner.ok());
+  auto worker = SlotStore::Open(name);
+  ASSERT_TRUE(worker.ok());
+  EXPECT_FALSE((*worker)->GetPersistError().has_value());
+  (*owner)->ReportPersistError(5, "disk full");
+  auto err = (*worker)->GetPersistError();
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->step, 5u);
+  EXPECT_EQ(err->message, "disk full");
+  (*owner)->ReportPersistError(6, std::string(2000, 'x'));  // truncated, not overflowing
+  EXPECT_EQ((*worker)->GetPersistError()->message.size(), SlotStore::kMaxPersistErrorBytes - 1);
+}
+
+}  // namespace
+}  // namespace ballast::ckpt

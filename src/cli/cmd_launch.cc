@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "common/chaos.h"
 #include "common/net.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
@@ -40,6 +41,9 @@ struct LaunchFlags {
   int node_unit = 1;
   int max_replacements = -1;
   int port = 0;
+  bool network_check = false;      // --network-check: pre-flight check
+  bool exclude_stragglers = false;
+  std::string chaos;               // --chaos SPEC (common/chaos.h)
   std::string token;
   std::string python = "python3";
   bool module = false;
@@ -48,6 +52,7 @@ struct LaunchFlags {
   std::string tee;
   std::string redirects;
   std::string role;
+  double hang_timeout_s = 0;
   std::vector<std::string> script_and_args;
 };
 
@@ -58,10 +63,13 @@ std::vector<std::string> AgentArgv(const LaunchFlags& f, const std::string& endp
                                    "--node-rank", std::to_string(node_rank), "--python", f.python};
   if (f.module) argv.push_back("--module");
   if (f.no_python) argv.push_back("--no-python");
+  if (f.network_check) argv.push_back("--network-check");
+  if (f.exclude_stragglers) argv.push_back("--exclude-stragglers");
   if (!f.log_dir.empty()) argv.insert(argv.end(), {"--log-dir", f.log_dir});
   if (!f.tee.empty()) argv.insert(argv.end(), {"--tee", f.tee});
   if (!f.redirects.empty()) argv.insert(argv.end(), {"--redirects", f.redirects});
   if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
+  if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
   argv.insert(argv.end(), f.script_and_args.begin(), f.script_and_args.end());
   return argv;
 }
@@ -83,6 +91,13 @@ int LaunchCommand(const Args& args) {
   app.add_option("--max-replacements,--max_replacements", f.max_replacements,
                  "Dead agents replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)");
   app.add_option("--port", f.port, "Master port (0: any free port)");
+  app.add_flag("--network-check,--network_check", f.network_check,
+               "Pre-flight check before training: nodes run matmul + allreduce in pairs; faulty ones are replaced");
+  app.add_flag("--exclude-stragglers,--exclude_stragglers", f.exclude_stragglers,
+               "With --network-check: also replace nodes slower than 2x the median");
+  app.add_option("--chaos", f.chaos,
+                 absl::StrCat("Fault injection for the first agent of each node rank (BALLAST_CHAOS): ",
+                              ChaosKindsHelp()));
   app.add_option("--token", f.token, "Job token (default: $BALLAST_TOKEN, else random)");
   app.add_option("--python", f.python, "Interpreter for the workers")->capture_default_str();
   app.add_flag("-m,--module", f.module, "Run the script as a Python module (python -m)");
@@ -91,6 +106,9 @@ int LaunchCommand(const Args& args) {
   app.add_option("-t,--tee", f.tee, "Tee worker output to the log files (torchrun's -t)");
   app.add_option("-r,--redirects", f.redirects, "Redirect worker output to the log files (torchrun's -r)");
   app.add_option("--role", f.role, "Worker role name");
+  app.add_option("--hang-timeout,--hang_timeout", f.hang_timeout_s,
+                 "Restart workers whose ballast.step() progress stops for this many seconds (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.prefix_command();  // everything from the script on belongs to the script
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
   f.script_and_args = app.remaining();
@@ -114,6 +132,10 @@ int LaunchCommand(const Args& args) {
     return kUsageExit;
   }
   if (f.max_replacements < 0) f.max_replacements = Tunables::Get().max_node_replacements;
+  if (auto chaos = ParseChaosSpec(f.chaos); !chaos.ok()) {
+    std::fprintf(stderr, "ballast launch: --chaos: %s\n", std::string(chaos.status().message()).c_str());
+    return kUsageExit;
+  }
 
   master::MasterOptions mopts;
   mopts.bind_host = "127.0.0.1";
@@ -140,14 +162,17 @@ int LaunchCommand(const Args& args) {
   scheduler::LocalScheduler sched;
   int next_node = 0;
   std::map<std::string, int> rank_hint;  // node name -> --node-rank it was started with
-  auto launch_node = [&](int hint) -> absl::Status {
+  // Chaos faults hit only the first agent of a node rank: its replacement is
+  // a healthy node and must pass the pre-flight check.
+  auto launch_node = [&](int hint, bool first) -> absl::Status {
     std::string name = absl::StrCat("node-", next_node++);
     scheduler::NodeSpec spec{name, AgentArgv(f, m.address(), hint), {{"BALLAST_TOKEN", m.token()}}};
+    if (!f.chaos.empty()) spec.env[kChaosEnv] = first ? f.chaos : "";
     rank_hint[name] = hint;
     return sched.LaunchNode(spec);
   };
   for (int i = 0; i < f.start_nodes; ++i) {
-    if (auto st = launch_node(i); !st.ok()) {
+    if (auto st = launch_node(i, /*first=*/true); !st.ok()) {
       std::fprintf(stderr, "ballast launch: cannot start agent %d: %s\n", i, std::string(st.message()).c_str());
       sched.StopAll(0);
       return 1;
@@ -170,7 +195,7 @@ int LaunchCommand(const Args& args) {
       ++replacements;
       spdlog::warn("agent {} exited ({}); starting a replacement node ({}/{})", exit.name, exit.status.Describe(),
                    replacements, f.max_replacements);
-      if (auto st = launch_node(hint); !st.ok()) spdlog::error("cannot start a replacement agent: {}", std::string(st.message()));
+      if (auto st = launch_node(hint, /*first=*/false); !st.ok()) spdlog::error("cannot start a replacement agent: {}", std::string(st.message()));
     }
     if (sched.RunningNodes().empty() && !result.has_value()) {
       result = m.WaitForFinish(0.5);  // the last agent may have exited right after the job ended

@@ -22,15 +22,21 @@ void PrintHuman(const v1::JobStatus& s) {
               s.spec().max_restarts(), s.uptime_s());
   std::printf("nodes %d:%d (unit %d)\n", s.spec().min_nodes(), s.spec().max_nodes(), s.spec().node_unit());
   if (!s.message().empty()) std::printf("message: %s\n", s.message().c_str());
-  std::printf("  %-28s %-16s %-9s %5s %8s %10s %8s\n", "NODE", "HOST", "STATE", "RANK", "WORKERS", "HEARTBEAT",
-              "STEP");
+  std::printf("  %-28s %-16s %-9s %5s %8s %10s %8s %10s\n", "NODE", "HOST", "STATE", "RANK", "WORKERS",
+              "HEARTBEAT", "STEP", "STEP TIME");
+  std::string stragglers;
   for (const auto& n : s.nodes()) {
     std::string rank = n.group_rank() >= 0 ? std::to_string(n.group_rank()) : "-";
     std::string hb = absl::StrFormat("%.1fs ago", n.last_heartbeat_age_s());
     std::string step = n.last_step() > 0 ? std::to_string(n.last_step()) : "-";
-    std::printf("  %-28s %-16s %-9s %5s %8d %10s %8s\n", n.node_id().c_str(), n.host().c_str(), n.state().c_str(),
-                rank.c_str(), n.local_world_size(), hb.c_str(), step.c_str());
+    std::string step_time = n.step_time_s() > 0 ? absl::StrFormat("%.3fs%s", n.step_time_s(), n.straggler() ? "*" : "")
+                                                : "-";
+    std::printf("  %-28s %-16s %-9s %5s %8d %10s %8s %10s\n", n.node_id().c_str(), n.host().c_str(),
+                n.state().c_str(), rank.c_str(), n.local_world_size(), hb.c_str(), step.c_str(), step_time.c_str());
+    if (n.straggler()) stragglers += (stragglers.empty() ? "" : ", ") + n.node_id();
   }
+  // A straggler's step time exceeds BALLAST_STRAGGLER_FACTOR x the round's median.
+  std::printf("stragglers: %s\n", stragglers.empty() ? "none" : stragglers.c_str());
   if (!s.last_failure().node_id().empty()) {
     const auto& f = s.last_failure();
     std::printf("last failure: node %s (%s), rank %d (local %d), %s, round %ld\n", f.node_id().c_str(),

@@ -37,7 +37,20 @@ namespace ballast {
     "How long a master keeps serving after the job finished, so every agent hears it.")       \
   X(int, stderr_tail_lines, 20, "Lines of a failed worker's stderr kept for the failure report.") \
   X(int, max_node_replacements, 3,                                                             \
-    "Local backend: how many dead agents `ballast launch` replaces before it gives up.")
+    "Local backend: how many dead agents `ballast launch` replaces before it gives up.")      \
+  X(double, hang_first_step_grace_s, 300.0,                                                    \
+    "With --hang-timeout: a worker that reports no step for this long after it started is "   \
+    "hung (imports, rendezvous and data loading come first). Never shorter than the timeout.") \
+  X(double, hang_checkpoint_grace_s, 600.0,                                                    \
+    "With --hang-timeout: a worker inside a checkpoint save is hung only after this long "    \
+    "without progress. Never shorter than the timeout.")                                      \
+  X(double, hang_dump_wait_s, 1.0,                                                             \
+    "Seconds a hung worker gets to write its Python stacks (SIGUSR1) before it is killed.")   \
+  X(double, progress_report_interval_s, 2.0,                                                   \
+    "Seconds between an agent's progress reports (min step, step time) to the master.")       \
+  X(double, straggler_factor, 2.0,                                                             \
+    "A node whose step time exceeds this factor times the median over the round's nodes is "  \
+    "a straggler (needs at least 2 reporting nodes).")
 
 struct Tunables {
 #define BALLAST_TUNABLE_FIELD(type, name, def, doc) type name = def;

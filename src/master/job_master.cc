@@ -1,11 +1,14 @@
 #include "master/job_master.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "master/straggler.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::master {
@@ -41,6 +44,12 @@ std::string DescribeDecision(const v1::Decision& d) {
       return absl::StrCat("stop_workers reason=\"", d.stop_workers().reason(), "\"");
     case v1::Decision::kJobFinished:
       return absl::StrCat("job_finished succeeded=", d.job_finished().succeeded());
+    case v1::Decision::kRunCheck:
+      return absl::StrCat("run_check check=", d.run_check().check_id(), " round=", d.run_check().check_round(),
+                          " group=", d.run_check().group_id(), " group_rank=", d.run_check().group_rank(), "/",
+                          d.run_check().group_world_size());
+    case v1::Decision::kExcluded:
+      return absl::StrCat("excluded reason=\"", d.excluded().reason(), "\"");
     case v1::Decision::KIND_NOT_SET:
       break;
   }
@@ -118,6 +127,9 @@ JobMaster::JobMaster(JobMasterOptions options)
       nodes_(clock_, options_.heartbeat_timeout_s),
       policy_(options_.max_restarts) {
   message_ = absl::StrCat("waiting for nodes (--nnodes ", NnodesText(), ")");
+  precheck_.enabled = options_.precheck;
+  precheck_.exclude_stragglers = options_.exclude_stragglers;
+  precheck_.coordinator = PrecheckCoordinator(options_.precheck_options);
 }
 
 JobMaster::~JobMaster() { Shutdown(); }
@@ -270,6 +282,7 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
 void JobMaster::Evaluate(double now) {
   if (finished() || shutdown_) return;
   if (state_ == JobState::kRendezvous) {
+    if (PrecheckGate(now)) return;  // the pre-flight check holds the round back
     if (rdzv_.Ready(now)) {
       std::optional<World> world = rdzv_.Form();
       if (world.has_value()) {
@@ -427,6 +440,16 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
         "job already finished (", JobStateName(state_), "): ", message_));
   }
   if (shutdown_) return absl::UnavailableError("the job master is shutting down");
+  if (auto it = precheck_.excluded.find(n.node_id()); it != precheck_.excluded.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", n.node_id(), " was excluded from the job: ", it->second));
+  }
+  // An agent started with --network-check turns the pre-flight check on.
+  if (request.spec().precheck() && !precheck_.enabled) {
+    precheck_.enabled = true;
+    spdlog::info("job={} node={} asked for the pre-flight check: enabled", options_.job_id, n.node_id());
+  }
+  if (request.spec().exclude_stragglers()) precheck_.exclude_stragglers = true;
   if (const NodeRecord* rec = nodes_.Find(n.node_id());
       rec != nullptr && IsMember(n.node_id()) &&
       rec->spec.local_world_size != n.local_world_size()) {
@@ -524,7 +547,10 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", report.node_id(), " is not a member of round ", round_));
   }
-  if (options_.failure_settle_s > 0 || DisconnectedMember(report.node_id()).has_value()) {
+  // With one node in the round no other node's loss can be behind the
+  // failure: decide at once.
+  bool settle = options_.failure_settle_s > 0 && world_.members.size() > 1;
+  if (settle || DisconnectedMember(report.node_id()).has_value()) {
     spdlog::info("job={} node={} round={} failure report held for {:.2f} s{}: {}", options_.job_id,
                  report.node_id(), report.round(), options_.failure_settle_s,
                  DisconnectedMember(report.node_id()).has_value()
@@ -564,7 +590,7 @@ void JobMaster::DecidePendingFailures(double now) {
   });
   if (pending_failures_.empty()) return;
   const PendingFailure& first = pending_failures_.front();
-  if (now - first.reported_at < options_.failure_settle_s) return;
+  if (world_.members.size() > 1 && now - first.reported_at < options_.failure_settle_s) return;
   if (DisconnectedMember(first.report.node_id()).has_value()) return;  // back or lost first
   std::vector<PendingFailure> ready;
   ready.swap(pending_failures_);
@@ -663,6 +689,20 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   if (report.round() == round_) {
     rec->last_step = report.step();
     rec->last_step_time_s = report.step_time_s();
+    rec->progress_round = report.round();
+    // Say so once when a node turns into a straggler (status shows it always).
+    std::map<std::string, double> step_times;
+    for (const auto& m : world_.members) {
+      const NodeRecord* r = nodes_.Find(m.node_id);
+      if (r != nullptr && r->progress_round == round_) step_times[m.node_id] = r->last_step_time_s;
+    }
+    const bool straggler = FindStragglers(step_times, options_.straggler_factor).count(report.node_id()) > 0;
+    if (straggler && !rec->straggler) {
+      spdlog::warn("job={} node={} round={} straggler: step time {:.3f} s > {} x the median {:.3f} s",
+                   options_.job_id, report.node_id(), round_, report.step_time_s(), options_.straggler_factor,
+                   MedianStepTime(step_times));
+    }
+    rec->straggler = straggler;
   }
   return absl::OkStatus();
 }
@@ -749,15 +789,26 @@ v1::JobStatus JobMaster::Status() const {
   st.set_world_size(world_.world_size);
   st.set_restart_count(restart_count_);
   *st.mutable_spec() = spec_;
+  // Stragglers: compared among the current round's members only (a step time
+  // from an older round or another world size says nothing about this one).
+  std::map<std::string, double> step_times;
+  for (const auto& m : world_.members) {
+    const NodeRecord* rec = nodes_.Find(m.node_id);
+    if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
+  }
+  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
   auto add = [&](const NodeRecord& rec) {
     v1::NodeStatus* ns = st.add_nodes();
     ns->set_node_id(rec.spec.node_id);
     ns->set_host(rec.spec.host);
-    ns->set_state(std::string(NodeStateName(rec.state)));
+    ns->set_state(precheck_.excluded.count(rec.spec.node_id) > 0 ? std::string("excluded")
+                                                                  : std::string(NodeStateName(rec.state)));
     ns->set_group_rank(rec.group_rank);
     ns->set_local_world_size(rec.spec.local_world_size);
     ns->set_last_heartbeat_age_s(now - rec.last_heartbeat);
     ns->set_last_step(rec.last_step);
+    if (auto it = step_times.find(rec.spec.node_id); it != step_times.end()) ns->set_step_time_s(it->second);
+    ns->set_straggler(stragglers.count(rec.spec.node_id) > 0);
   };
   // Members in rank order first, then the other alive nodes, then the gone.
   for (const auto& m : world_.members) {
@@ -770,6 +821,7 @@ v1::JobStatus JobMaster::Status() const {
   if (!last_failure_.node_id().empty()) *st.mutable_last_failure() = last_failure_;
   st.set_message(message_);
   st.set_uptime_s(now - start_time_);
+  st.set_precheck(precheck_.verdict);
   return st;
 }
 

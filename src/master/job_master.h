@@ -49,6 +49,7 @@
 #include "common/clock.h"
 #include "master/fault_policy.h"
 #include "master/node_table.h"
+#include "master/precheck_coordinator.h"
 #include "master/rendezvous.h"
 
 namespace ballast::master {
@@ -72,6 +73,15 @@ struct JobMasterOptions {
   // waits until that node is back or lost: a worker failure caused by a lost
   // node is then a membership change, not a restart.
   double failure_settle_s = 0.0;
+  // A member whose step time (progress reports) exceeds this factor times the
+  // median over the round's reporting members is a straggler (Status()); <= 0: off.
+  double straggler_factor = 2.0;
+  // Pre-flight check (precheck_coordinator.h) before a round forms with nodes
+  // not checked yet. Also turned on by an agent that joins with
+  // JobSpec.precheck (ballast run --network-check).
+  bool precheck = false;
+  bool exclude_stragglers = false;  // exclude stragglers too, not just report them
+  PrecheckOptions precheck_options = PrecheckOptions::FromEnv();
   ClockInterface* clock = nullptr;  // required; borrowed
   // Called (outside the lock) when a node dies or leaves while the job runs.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
@@ -115,6 +125,9 @@ class JobMaster {
   // ranks. kInvalidArgument for an empty dir, world_size < 1 or a rank
   // outside [0, world_size). Not round-checked (see master.proto).
   absl::StatusOr<v1::ShardDurableResponse> ReportShardDurable(const v1::ShardDurableReport& report);
+  // Pre-flight check result (see master.proto): kAborted for a stale check,
+  // NOT_FOUND for an unknown node.
+  absl::Status ReportCheckResult(const v1::CheckResult& result);
   absl::Status KvSet(const std::string& key, std::string value);
   // Waits up to wait_s (real time) for `key`. NOT_FOUND when absent and
   // wait_s <= 0, DEADLINE_EXCEEDED after waiting, UNAVAILABLE on shutdown, and
@@ -199,6 +212,16 @@ class JobMaster {
   void Finish(bool succeeded, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsMember(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLost(const LostList& lost);
+  // Pre-flight check (job_master_precheck.cc). Returns true while the check
+  // holds the round back: it runs, or it just started because a participant
+  // was not checked yet.
+  bool PrecheckGate(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Advances a running check whose round is complete; acts on its verdict.
+  void DrivePrecheck(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a node out of the job for good: Excluded decision, out of the
+  // rendezvous, its re-joins refused.
+  void ExcludeNode(const std::string& node_id, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobMasterOptions options_;
   const v1::JobSpec spec_;
@@ -245,6 +268,16 @@ class JobMaster {
   };
   std::map<std::string, CkptDir> ckpt_dirs_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Pre-flight check state.
+  struct Precheck {
+    bool enabled = false;
+    bool exclude_stragglers = false;
+    PrecheckCoordinator coordinator;
+    std::set<std::string> passed;                  // nodes that passed a check
+    std::map<std::string, std::string> excluded;   // node id -> why
+    std::string verdict;                           // the last verdict, for status
+  };
+  Precheck precheck_ ABSL_GUARDED_BY(mu_);
 };
 
 // A node's decision queue. Its fields are guarded by the JobMaster's mu_.

@@ -408,6 +408,18 @@ TEST_F(JobMasterTest, HeldFailureRestartsOnceDisconnectedPeerIsBack) {
   EXPECT_EQ(jm_->Status().restart_count(), 1);
 }
 
+TEST_F(JobMasterTest, SingleNodeRoundDecidesFailureWithoutSettle) {
+  auto o = Options(1, 1);
+  o.failure_settle_s = 0.5;
+  Make(o);
+  Add("a");
+  Drain("a");
+  ASSERT_TRUE(Fail("a", 1, 0, 7).ok());
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().restart_count(), 1);
+}
+
 TEST_F(JobMasterTest, FailureSettleDelaysTheDecision) {
   auto o = Options(2, 2);
   o.failure_settle_s = 0.5;
@@ -743,6 +755,39 @@ TEST(JobMasterOptions, ValidationSaysWhatToFix) {
   o.max_restarts = 0;
   o.min_nodes = 0;
   EXPECT_THAT(ValidateJobMasterOptions(o).message(), HasSubstr("at least 1"));
+}
+
+TEST_F(JobMasterTest, StatusFlagsNodesSlowerThanFactorTimesMedian) {
+  JobMasterOptions o = Options(3, 3);
+  o.straggler_factor = 2.0;
+  Make(o);
+  Add("a");
+  Add("b");
+  Add("c");
+  Advance(0.5);
+  const int64_t round = jm_->Status().round();
+  ASSERT_EQ(round, 1);
+  auto progress = [&](const std::string& id, int64_t r, int64_t step, double step_time) {
+    v1::ProgressReport p;
+    p.set_node_id(id);
+    p.set_round(r);
+    p.set_step(step);
+    p.set_step_time_s(step_time);
+    return jm_->ReportProgress(p);
+  };
+  ASSERT_TRUE(progress("a", round, 10, 1.0).ok());
+  // One reporting node: nothing to compare with.
+  v1::JobStatus st = jm_->Status();
+  for (const auto& n : st.nodes()) EXPECT_FALSE(n.straggler()) << n.node_id();
+  ASSERT_TRUE(progress("b", round, 10, 1.2).ok());
+  ASSERT_TRUE(progress("c", round, 4, 3.0).ok());   // median 1.2, limit 2.4
+  ASSERT_TRUE(progress("b", round - 1, 1, 99.0).ok());  // stale round: ignored
+  st = jm_->Status();
+  std::map<std::string, std::pair<double, bool>> got;
+  for (const auto& n : st.nodes()) got[n.node_id()] = {n.step_time_s(), n.straggler()};
+  EXPECT_THAT(got, ElementsAre(Pair("a", Pair(1.0, false)), Pair("b", Pair(1.2, false)),
+                               Pair("c", Pair(3.0, true))));
+  EXPECT_EQ(jm_->ReportProgress(v1::ProgressReport()).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
       options.wait_for_nodes_s >= 0 ? options.wait_for_nodes_s : tunables.wait_for_nodes_s;
   jo.disconnect_grace_s = tunables.disconnect_grace_s;
   jo.failure_settle_s = tunables.failure_settle_s;
+  jo.straggler_factor = tunables.straggler_factor;
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
   RETURN_IF_ERROR(ValidateJobMasterOptions(jo));

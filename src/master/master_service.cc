@@ -73,6 +73,12 @@ grpc::Status MasterService::ReportProgress(grpc::ServerContext* ctx,
   return ToGrpcStatus(job_->ReportProgress(*request));
 }
 
+grpc::Status MasterService::ReportCheckResult(grpc::ServerContext* ctx,
+                                              const v1::CheckResult* request, v1::Ack* response) {
+  if (grpc::Status s = Authenticate(*ctx, "ReportCheckResult"); !s.ok()) return s;
+  return ToGrpcStatus(job_->ReportCheckResult(*request));
+}
+
 grpc::Status MasterService::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* request,
                                   v1::Ack* response) {
   if (grpc::Status s = Authenticate(*ctx, "KvSet"); !s.ok()) return s;

@@ -41,6 +41,8 @@ class MasterService final : public v1::Master::Service {
                                  v1::Ack* response) override;
   grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ProgressReport* request,
                               v1::Ack* response) override;
+  grpc::Status ReportCheckResult(grpc::ServerContext* ctx, const v1::CheckResult* request,
+                                 v1::Ack* response) override;
   grpc::Status KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* request,
                      v1::Ack* response) override;
   grpc::Status KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* request,

@@ -39,6 +39,8 @@ struct NodeRecord {
   double last_heartbeat = 0;
   int64_t last_step = 0;
   double last_step_time_s = 0;
+  int64_t progress_round = 0;  // the round last_step/last_step_time_s belong to
+  bool straggler = false;      // flagged at its last progress report (for a one-time warning)
   std::string gone_reason;  // why a dead/left node is gone
 };
 

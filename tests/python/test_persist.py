@@ -138,6 +138,20 @@ class SimulatedAgent(TestCase):
         c.wait(timeout=10)
         self.assertLess(time.monotonic() - t0, 5)
 
+    def test_agent_persist_error_fails_wait_with_its_message(self):
+        c = self.checkpointer(shm=self.name)
+        c.save(3, {"w": torch.ones(2)}, persist=True)
+        threading.Timer(0.1, lambda: self.store._report_persist_error(
+            3, "the agent cannot write step 3 to /x: No space left on device")).start()
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(OSError, "No space left on device"):
+            c.wait(timeout=30)
+        self.assertLess(time.monotonic() - t0, 10)
+        # An error for an older step does not fail a newer wait.
+        c.save(4, {"w": torch.ones(2)}, persist=True)
+        threading.Timer(0.1, lambda: self.store.mark_durable(4)).start()
+        c.wait(timeout=10)
+
     def test_env_names_the_store(self):
         os.environ["BALLAST_CKPT_SHM"] = self.name
         self.addCleanup(os.environ.pop, "BALLAST_CKPT_SHM")

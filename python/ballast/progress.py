@@ -1,0 +1,64 @@
+"""Progress reporting and hang diagnosis for workers run by a ballast agent.
+
+``ballast.step(n)`` (the C function ``ballast._ballast.step``) writes the step
+into this worker's shared-memory progress cell, which the agent of
+``ballast run`` reads: with ``--hang-timeout S`` a worker whose step stops
+changing for S seconds is hung, and the step times feed the master's straggler
+detection. Without an agent it only records locally.
+
+Under an agent (``BALLAST_NODE_ID`` set), ``import ballast`` also registers
+``faulthandler`` on SIGUSR1 (all threads, to stderr): the agent sends it to a
+hung worker's node before killing it, so the Python stacks land in the log.
+Plain scripts that import ballast outside an agent keep their SIGUSR1.
+
+Example::
+
+    import ballast
+    for step in range(start, steps):
+        train_one_batch()
+        ballast.step(step)
+"""
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+
+from ballast import _ballast as _C
+
+step = _C.step
+
+
+@contextlib.contextmanager
+def checkpointing():
+    """Marks a checkpoint save: the agent allows its checkpoint grace period
+    (BALLAST_HANG_CHECKPOINT_GRACE_S) instead of the hang timeout meanwhile.
+
+    Example::
+
+        with ballast.progress.checkpointing():
+            torch.save(state, path)
+    """
+    _C.progress_checkpoint(True)
+    try:
+        yield
+    finally:
+        _C.progress_checkpoint(False)
+
+
+def state():
+    """This worker's progress cell: dict(step, timestamp_ns, checkpoint_ns, reports, cell)."""
+    return _C.progress_state()
+
+
+def install_stack_dump_handler():
+    """Registers faulthandler on SIGUSR1 (all threads, to stderr) when this
+    process runs under a ballast agent; returns whether it did."""
+    if not os.environ.get("BALLAST_NODE_ID") or not hasattr(signal, "SIGUSR1"):
+        return False
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    except (ValueError, RuntimeError, OSError, AttributeError):
+        return False  # e.g. stderr has no file descriptor
+    return True

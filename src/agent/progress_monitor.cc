@@ -1,0 +1,129 @@
+#include "agent/progress_monitor.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ballast::agent {
+namespace {
+
+double NsToS(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
+double SecondsBetween(uint64_t from_ns, uint64_t to_ns) { return to_ns > from_ns ? NsToS(to_ns - from_ns) : 0.0; }
+
+}  // namespace
+
+HangVerdict CheckHang(const CellSnapshot& cell, uint64_t now_ns, uint64_t started_ns, const HangOptions& o) {
+  HangVerdict v;
+  if (o.timeout_s <= 0) return v;
+  if (cell.checkpoint_ns != 0) {
+    // A save can take much longer than a step: measure from whichever is newer,
+    // the save's start or the last step (a step inside a save counts too).
+    v.phase = "checkpoint";
+    v.limit_s = std::max(o.checkpoint_grace_s, o.timeout_s);
+    v.idle_s = SecondsBetween(std::max({cell.checkpoint_ns, cell.timestamp_ns, started_ns}), now_ns);
+  } else if (cell.timestamp_ns == 0) {
+    v.phase = "first step";
+    v.limit_s = std::max(o.first_step_grace_s, o.timeout_s);
+    v.idle_s = SecondsBetween(started_ns, now_ns);
+  } else {
+    v.phase = "training";
+    v.limit_s = o.timeout_s;
+    // A cell stamped before this worker started (cannot happen after Reset,
+    // but be safe) counts from the start.
+    v.idle_s = SecondsBetween(std::max(cell.timestamp_ns, started_ns), now_ns);
+  }
+  v.hung = v.idle_s > v.limit_s;
+  return v;
+}
+
+double StepTime(const CellSnapshot& before, const CellSnapshot& after) {
+  if (after.timestamp_ns == 0 || before.timestamp_ns == 0 || after.step <= before.step ||
+      after.timestamp_ns <= before.timestamp_ns)
+    return 0;
+  return NsToS(after.timestamp_ns - before.timestamp_ns) / static_cast<double>(after.step - before.step);
+}
+
+absl::StatusOr<std::unique_ptr<ProgressMonitor>> ProgressMonitor::Create(int num_cells) {
+  if (num_cells < 1) return absl::InvalidArgumentError("a progress object needs at least one cell");
+  std::string name = absl::StrCat("/ballast-progress-", getpid());
+  // A leftover of an earlier agent with our pid (it was SIGKILLed) is ours to reuse.
+  shm_unlink(name.c_str());
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("shm_open ", name, ": ", std::strerror(errno)));
+  const size_t size = ProgressShmSize(static_cast<size_t>(num_cells));
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::UnavailableError(absl::StrCat("ftruncate ", name, ": ", std::strerror(err)));
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return absl::UnavailableError(absl::StrCat("mmap ", name, ": ", std::strerror(err)));
+  }
+  auto* header = new (base) ProgressHeader();
+  header->num_cells = static_cast<uint64_t>(num_cells);
+  for (int i = 0; i < num_cells; ++i) new (ProgressCellAt(base, i)) ProgressCell();
+  return std::unique_ptr<ProgressMonitor>(new ProgressMonitor(std::move(name), base, num_cells));
+}
+
+ProgressMonitor::ProgressMonitor(std::string name, void* base, int num_cells)
+    : name_(std::move(name)), base_(base), num_cells_(num_cells), baseline_(num_cells) {}
+
+ProgressMonitor::~ProgressMonitor() {
+  munmap(base_, ProgressShmSize(static_cast<size_t>(num_cells_)));
+  shm_unlink(name_.c_str());
+}
+
+void ProgressMonitor::Reset() {
+  for (int i = 0; i < num_cells_; ++i) {
+    ProgressCell* c = ProgressCellAt(base_, i);
+    c->step.store(0, std::memory_order_relaxed);
+    c->checkpoint_ns.store(0, std::memory_order_relaxed);
+    c->reports.store(0, std::memory_order_relaxed);
+    c->timestamp_ns.store(0, std::memory_order_release);
+  }
+  baseline_.assign(num_cells_, CellSnapshot());
+  last_step_time_s_ = 0;
+}
+
+CellSnapshot ProgressMonitor::Read(int i) const {
+  const ProgressCell* c = ProgressCellAt(base_, i);
+  CellSnapshot s;
+  s.timestamp_ns = c->timestamp_ns.load(std::memory_order_acquire);
+  s.step = c->step.load(std::memory_order_relaxed);
+  s.checkpoint_ns = c->checkpoint_ns.load(std::memory_order_relaxed);
+  s.reports = c->reports.load(std::memory_order_relaxed);
+  return s;
+}
+
+ProgressSummary ProgressMonitor::Summarize() {
+  ProgressSummary sum;
+  double slowest = 0;
+  for (int i = 0; i < num_cells_; ++i) {
+    CellSnapshot now = Read(i);
+    if (now.timestamp_ns != 0) {
+      sum.min_step = sum.any_step ? std::min(sum.min_step, now.step) : now.step;
+      sum.any_step = true;
+    }
+    slowest = std::max(slowest, StepTime(baseline_[i], now));
+    // The baseline moves only when the worker stepped, so a slow worker's
+    // steps that straddle several calls are still measured.
+    if (now.timestamp_ns != baseline_[i].timestamp_ns) baseline_[i] = now;
+  }
+  if (slowest > 0) last_step_time_s_ = slowest;
+  sum.step_time_s = last_step_time_s_;
+  return sum;
+}
+
+}  // namespace ballast::agent

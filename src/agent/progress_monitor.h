@@ -1,0 +1,92 @@
+// The agent's side of worker progress (src/common/progress_cell.h): owns the
+// node's progress shm object, decides when a worker is hung, and measures the
+// node's step time for the master's straggler detection.
+//
+// Hang rule (CheckHang), per running worker, with S = --hang-timeout:
+//  - no step yet: hung once it has run longer than the first-step grace
+//    (imports, rendezvous, data loading and compilation come before step 1);
+//  - inside a checkpoint save: hung once the save has run longer than the
+//    checkpoint grace and the last step is older than that too;
+//  - otherwise: hung once its last step is older than S.
+// Off (never hung) when S <= 0.
+//
+// Ownership: a ProgressMonitor owns the shm object and unlinks it when
+// destroyed. Threading: not thread-safe; the agent's main loop owns it. The
+// workers write the cells concurrently (atomics), the monitor only reads them
+// (and zeroes them between rounds, when no worker runs).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/progress_cell.h"
+
+namespace ballast::agent {
+
+struct HangOptions {
+  double timeout_s = 0;             // --hang-timeout; <= 0: hang detection off
+  double first_step_grace_s = 300;  // BALLAST_HANG_FIRST_STEP_GRACE_S (at least timeout_s)
+  double checkpoint_grace_s = 600;  // BALLAST_HANG_CHECKPOINT_GRACE_S (at least timeout_s)
+};
+
+// A copy of one cell.
+struct CellSnapshot {
+  uint64_t step = 0;
+  uint64_t timestamp_ns = 0;   // 0 = never stepped
+  uint64_t checkpoint_ns = 0;  // 0 = not in a checkpoint save
+  uint64_t reports = 0;
+};
+
+struct HangVerdict {
+  bool hung = false;
+  double idle_s = 0;      // seconds without progress (since start when no step yet)
+  double limit_s = 0;     // the limit that applied
+  std::string phase;      // "first step", "checkpoint", "training"
+};
+
+// Pure rule (see the file comment); started_ns is when the worker was started.
+HangVerdict CheckHang(const CellSnapshot& cell, uint64_t now_ns, uint64_t started_ns, const HangOptions& options);
+
+// The node's progress over an interval, from two snapshots of each cell.
+struct ProgressSummary {
+  bool any_step = false;   // some worker reported a step
+  uint64_t min_step = 0;   // the lowest step over the workers that reported one
+  double step_time_s = 0;  // the slowest worker's mean step time over the interval; 0 = unknown
+};
+
+// Step time of one worker between two snapshots; 0 when it made no step.
+double StepTime(const CellSnapshot& before, const CellSnapshot& after);
+
+class ProgressMonitor {
+ public:
+  // Creates the shm object "/ballast-progress-<pid>" with num_cells cells.
+  static absl::StatusOr<std::unique_ptr<ProgressMonitor>> Create(int num_cells);
+  ~ProgressMonitor();
+  ProgressMonitor(const ProgressMonitor&) = delete;
+  ProgressMonitor& operator=(const ProgressMonitor&) = delete;
+
+  const std::string& name() const { return name_; }
+  int num_cells() const { return num_cells_; }
+
+  // Zeroes every cell and forgets the step-time baseline: call before a
+  // round's workers start (none may be writing).
+  void Reset();
+  CellSnapshot Read(int i) const;
+
+  // Min step and step time since the previous call (or the Reset).
+  ProgressSummary Summarize();
+
+ private:
+  ProgressMonitor(std::string name, void* base, int num_cells);
+
+  std::string name_;
+  void* base_ = nullptr;
+  int num_cells_ = 0;
+  std::vector<CellSnapshot> baseline_;
+  double last_step_time_s_ = 0;
+};
+
+}  // namespace ballast::agent

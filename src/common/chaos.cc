@@ -1,0 +1,123 @@
+#include "common/chaos.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace ballast {
+namespace {
+
+enum class ValueType { kInt, kNumber };
+
+struct KeyDef {
+  const char* name;
+  ValueType type;
+  bool required;
+  double min_value;  // kInt: value >= min; kNumber: value > min
+};
+
+struct KindDef {
+  const char* kind;
+  const char* doc;
+  std::vector<KeyDef> keys;
+};
+
+// One row per fault kind. `node` is the node rank the fault hits.
+const std::vector<KindDef>& Kinds() {
+  static const auto* kinds = new std::vector<KindDef>{
+      {"check-fail", "the node's pre-flight check workers exit non-zero",
+       {{"node", ValueType::kInt, true, 0}}},
+      {"check-slow", "the node's pre-flight check time is multiplied by factor (> 0)",
+       {{"node", ValueType::kInt, true, 0}, {"factor", ValueType::kNumber, true, 0}}},
+  };
+  return *kinds;
+}
+
+std::string KindNames() {
+  std::vector<std::string> names;
+  for (const auto& k : Kinds()) names.push_back(k.kind);
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace
+
+double ChaosFault::Number(const std::string& key, double fallback) const {
+  auto it = params.find(key);
+  double v = 0;
+  if (it == params.end() || !absl::SimpleAtod(it->second, &v)) return fallback;
+  return v;
+}
+
+const ChaosFault* ChaosSpec::Find(const std::string& kind, int node) const {
+  for (const auto& f : faults) {
+    if (f.kind == kind && f.node == node) return &f;
+  }
+  return nullptr;
+}
+
+std::string ChaosKindsHelp() {
+  std::vector<std::string> parts;
+  for (const auto& k : Kinds()) {
+    std::vector<std::string> keys;
+    for (const auto& key : k.keys) keys.push_back(absl::StrCat(key.name, "=", key.type == ValueType::kInt ? "N" : "F"));
+    parts.push_back(absl::StrCat(k.kind, ":", absl::StrJoin(keys, ",")));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text) {
+  ChaosSpec spec;
+  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    absl::string_view kind = absl::StripAsciiWhitespace(kv.first);
+    auto def = std::find_if(Kinds().begin(), Kinds().end(), [&](const KindDef& k) { return kind == k.kind; });
+    if (def == Kinds().end()) {
+      return absl::InvalidArgumentError(absl::StrCat("chaos spec \"", text, "\": unknown fault kind \"", kind,
+                                                     "\" (known: ", KindNames(), ")"));
+    }
+    ChaosFault fault;
+    fault.kind = std::string(kind);
+    for (absl::string_view pair : absl::StrSplit(kv.second, ',', absl::SkipWhitespace())) {
+      std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+      absl::string_view key = absl::StripAsciiWhitespace(p.first);
+      absl::string_view value = absl::StripAsciiWhitespace(p.second);
+      auto kd = std::find_if(def->keys.begin(), def->keys.end(), [&](const KeyDef& k) { return key == k.name; });
+      if (kd == def->keys.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("chaos spec \"", text, "\": ", kind, " has no key \"", key,
+                                                       "\" (usage: ", ChaosKindsHelp(), ")"));
+      }
+      int integer = 0;
+      double number = 0;
+      bool valid = kd->type == ValueType::kInt
+                       ? absl::SimpleAtoi(value, &integer) && integer >= kd->min_value
+                       : absl::SimpleAtod(value, &number) && number > kd->min_value;
+      if (!valid) {
+        return absl::InvalidArgumentError(absl::StrCat("chaos spec \"", text, "\": ", kind, " ", key, "=", value,
+                                                       " is not a valid ",
+                                                       kd->type == ValueType::kInt ? "integer >= 0" : "number > 0"));
+      }
+      if (key == "node") {
+        fault.node = integer;
+      } else {
+        fault.params[std::string(key)] = std::string(value);
+      }
+    }
+    for (const auto& k : def->keys) {
+      bool present = std::string(k.name) == "node" ? fault.node >= 0 : fault.params.count(k.name) > 0;
+      if (k.required && !present) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chaos spec \"", text, "\": ", kind, " needs ", k.name, "= (usage: ", ChaosKindsHelp(), ")"));
+      }
+    }
+    spec.faults.push_back(std::move(fault));
+  }
+  return spec;
+}
+
+}  // namespace ballast

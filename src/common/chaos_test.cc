@@ -1,0 +1,52 @@
+#include "common/chaos.h"
+
+#include "gtest/gtest.h"
+
+namespace ballast {
+namespace {
+
+TEST(ChaosSpec, EmptyTextIsEmptySpec) {
+  auto s = ParseChaosSpec("  ");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->empty());
+}
+
+TEST(ChaosSpec, ParsesSeveralFaults) {
+  auto s = ParseChaosSpec("check-fail:node=1; check-slow:node=3,factor=4.5");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->faults.size(), 2u);
+  EXPECT_EQ(s->faults[0].kind, "check-fail");
+  EXPECT_EQ(s->faults[0].node, 1);
+  ASSERT_NE(s->Find("check-slow", 3), nullptr);
+  EXPECT_DOUBLE_EQ(s->Find("check-slow", 3)->Number("factor", 1), 4.5);
+  EXPECT_EQ(s->Find("check-slow", 1), nullptr);
+  EXPECT_EQ(s->Find("check-fail", 3), nullptr);
+}
+
+TEST(ChaosSpec, UnknownKindIsInvalidArgument) {
+  auto s = ParseChaosSpec("disk-full:node=1");
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("unknown fault kind \"disk-full\""), std::string::npos);
+  EXPECT_NE(s.status().message().find("check-fail"), std::string::npos);
+}
+
+TEST(ChaosSpec, UnknownKeyIsInvalidArgument) {
+  auto s = ParseChaosSpec("check-fail:node=1,rate=2");
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("no key \"rate\""), std::string::npos);
+}
+
+TEST(ChaosSpec, MissingRequiredKeyIsInvalidArgument) {
+  EXPECT_EQ(ParseChaosSpec("check-slow:node=1").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseChaosSpec("check-fail").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChaosSpec, BadValuesAreInvalidArgument) {
+  EXPECT_EQ(ParseChaosSpec("check-fail:node=x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseChaosSpec("check-fail:node=-1").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseChaosSpec("check-slow:node=1,factor=0").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseChaosSpec("check-slow:node=1,factor=abc").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ballast

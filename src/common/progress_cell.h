@@ -1,0 +1,65 @@
+// Progress cells: how a worker tells its agent "I made a step" for the price of
+// two atomic stores. The agent creates one POSIX shared-memory object per node
+// (ProgressCells below) holding one 64-byte cell per local rank, and hands its
+// name to the workers in BALLAST_PROGRESS_SHM; worker LOCAL_RANK writes cell
+// LOCAL_RANK (`ballast.step(n)` in Python, python/bindings/ballast_module.cc).
+// The agent only reads the cells (src/agent/progress_monitor.h).
+//
+// Header-only on purpose: the Python extension maps the same layout without
+// linking the agent.
+//
+// Thread safety: every field is a lock-free atomic; one writer (the worker) and
+// any number of readers. Readers tolerate torn combinations (a step with the
+// previous timestamp): they only decide timeouts of seconds.
+#pragma once
+
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace ballast {
+
+// The environment variable that names the node's progress shm object.
+inline constexpr char kProgressShmEnv[] = "BALLAST_PROGRESS_SHM";
+// First 8 bytes of the object: tells a stale or foreign object apart.
+inline constexpr uint64_t kProgressMagic = 0x31676f7270626c62ULL;  // "blbprog1"
+
+struct alignas(64) ProgressCell {
+  std::atomic<uint64_t> step{0};            // the last step the worker reported
+  std::atomic<uint64_t> timestamp_ns{0};    // CLOCK_MONOTONIC of that report; 0 = none yet
+  std::atomic<uint64_t> checkpoint_ns{0};   // CLOCK_MONOTONIC when a checkpoint save began; 0 = none
+  std::atomic<uint64_t> reports{0};         // how many step() calls (step numbers may repeat)
+};
+static_assert(sizeof(ProgressCell) == 64);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct alignas(64) ProgressHeader {
+  uint64_t magic = kProgressMagic;
+  uint64_t num_cells = 0;
+};
+static_assert(sizeof(ProgressHeader) == 64);
+
+// Bytes of a progress object with n cells.
+inline constexpr size_t ProgressShmSize(size_t n) { return sizeof(ProgressHeader) + n * sizeof(ProgressCell); }
+
+// Cell i of a mapped progress object.
+inline ProgressCell* ProgressCellAt(void* base, size_t i) {
+  return reinterpret_cast<ProgressCell*>(static_cast<char*>(base) + sizeof(ProgressHeader)) + i;
+}
+
+inline uint64_t MonotonicNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The worker side of one step: the step first, then the timestamp with release
+// order, so a reader that sees the new timestamp sees the new step too.
+inline void RecordStep(ProgressCell* cell, uint64_t step, uint64_t now_ns) {
+  cell->step.store(step, std::memory_order_relaxed);
+  cell->reports.store(cell->reports.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  cell->timestamp_ns.store(now_ns, std::memory_order_release);
+}
+
+}  // namespace ballast

@@ -1,0 +1,144 @@
+// JobMaster's pre-flight check driver (see precheck_coordinator.h for the
+// rounds and job_master.h for the locking contract: every method here runs
+// under mu_). The check holds the rendezvous back: a round forms only from
+// nodes that passed; faulty nodes (and, with exclude_stragglers, stragglers)
+// get an Excluded decision, leave the rendezvous, and their agents exit
+// non-zero so the scheduler starts replacements, which are checked in turn.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "master/job_master.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::master {
+
+absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& result) {
+  absl::MutexLock lock(&mu_);
+  if (nodes_.Find(result.node_id()) == nullptr) {
+    spdlog::warn("job={} node={} check result refused: unknown node", options_.job_id, result.node_id());
+    return absl::NotFoundError(absl::StrCat("unknown node ", result.node_id(), ": join again"));
+  }
+  absl::Status s = precheck_.coordinator.Record(result);
+  if (!s.ok()) {
+    spdlog::warn("job={} node={} check result refused: {}", options_.job_id, result.node_id(),
+                 std::string(s.message()));
+    return s;
+  }
+  spdlog::info("job={} node={} pre-flight check {} round {}: {} in {:.3f} s{}{}", options_.job_id,
+               result.node_id(), result.check_id(), precheck_.coordinator.check_round(),
+               result.ok() ? "passed" : "FAILED", result.time_s(), result.error().empty() ? "" : ": ",
+               result.error());
+  if (!finished() && !shutdown_) Evaluate(clock_->Now());
+  return absl::OkStatus();
+}
+
+bool JobMaster::PrecheckGate(double now) {
+  if (!precheck_.enabled) return false;
+  PrecheckCoordinator& c = precheck_.coordinator;
+  if (c.active()) {
+    for (const auto& n : c.nodes()) {
+      if (!rdzv_.Contains(n.node_id)) {
+        spdlog::warn("job={} node={} pre-flight check aborted: the node left; the check starts over",
+                     options_.job_id, n.node_id);
+        c.Abort();
+        break;
+      }
+    }
+  }
+  if (c.active()) {
+    if (c.RoundComplete(now)) DrivePrecheck(now);
+    if (c.active() || finished()) return true;
+    // The check is over: the survivors may form the round now.
+  }
+  if (!rdzv_.Ready(now)) return false;
+  std::vector<PrecheckNode> nodes;
+  std::vector<std::string> unchecked;
+  for (const NodeSpec& spec : rdzv_.Ordered()) {
+    nodes.push_back({spec.node_id, spec.local_world_size});
+    if (precheck_.passed.count(spec.node_id) == 0) unchecked.push_back(spec.node_id);
+  }
+  if (unchecked.empty()) return false;
+  CheckDecisions decisions = c.Begin(std::move(nodes), now);
+  message_ = absl::StrCat("pre-flight check of ", c.nodes().size(), " nodes (new: ", absl::StrJoin(unchecked, ", "),
+                          "): round 1");
+  spdlog::info("job={} {}", options_.job_id, message_);
+  for (auto& [id, rc] : decisions) {
+    v1::Decision d;
+    *d.mutable_run_check() = std::move(rc);
+    Push(id, std::move(d));
+  }
+  return true;
+}
+
+void JobMaster::DrivePrecheck(double now) {
+  PrecheckCoordinator::Step step = precheck_.coordinator.Advance(now);
+  if (!step.next.empty()) {
+    message_ = absl::StrCat("pre-flight check of ", precheck_.coordinator.nodes().size(), " nodes: round ",
+                            precheck_.coordinator.check_round());
+    spdlog::info("job={} {}", options_.job_id, message_);
+    for (auto& [id, rc] : step.next) {
+      v1::Decision d;
+      *d.mutable_run_check() = std::move(rc);
+      Push(id, std::move(d));
+    }
+    return;
+  }
+  if (step.outcome.has_value()) ApplyPrecheckOutcome(*step.outcome, now);
+}
+
+void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reason) {
+  precheck_.excluded[node_id] = reason;
+  precheck_.passed.erase(node_id);
+  rdzv_.Remove(node_id);
+  if (NodeRecord* rec = nodes_.Find(node_id); rec != nullptr) {
+    rec->state = NodeState::kWaiting;
+    rec->group_rank = -1;
+  }
+  spdlog::warn("job={} node={} excluded from the job: {}", options_.job_id, node_id, reason);
+  v1::Decision d;
+  d.mutable_excluded()->set_reason(reason);
+  Push(node_id, std::move(d));
+}
+
+void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now) {
+  const health::Verdict& v = outcome.verdict;
+  precheck_.verdict = v.message;
+  std::vector<std::string> errors;
+  for (const auto& [id, err] : outcome.errors) errors.push_back(absl::StrCat(id, " (", err, ")"));
+  if (v.all_failed) {
+    Finish(false, absl::StrCat("job failed: ", v.message,
+                               errors.empty() ? "" : absl::StrCat("; failures: ", absl::StrJoin(errors, "; "))));
+    return;
+  }
+  for (const auto& id : outcome.faulty) {
+    auto it = outcome.errors.find(id);
+    ExcludeNode(id, absl::StrCat("failed the pre-flight check: ", v.message,
+                                 it == outcome.errors.end() ? "" : absl::StrCat("; this node: ", it->second)));
+  }
+  for (const auto& id : outcome.stragglers) {
+    if (precheck_.exclude_stragglers) {
+      ExcludeNode(id, absl::StrCat("a straggler in the pre-flight check (--exclude-stragglers): ", v.message));
+    } else {
+      spdlog::warn("job={} node={} is a straggler in the pre-flight check ({}); it stays in the job "
+                   "(--exclude-stragglers would replace it)",
+                   options_.job_id, id, v.message);
+    }
+  }
+  for (const auto& id : outcome.nodes) {
+    if (precheck_.excluded.count(id) == 0) precheck_.passed.insert(id);
+  }
+  if (v.faulty.empty() && v.stragglers.empty()) {
+    spdlog::info("job={} {}", options_.job_id, v.message);
+  } else {
+    spdlog::warn("job={} {}", options_.job_id, v.message);
+  }
+  message_ = v.message;
+  if (!rdzv_.Ready(now)) {
+    for (const NodeSpec& spec : rdzv_.Ordered()) {
+      PushWait(spec.node_id, absl::StrCat(v.message, "; ", RendezvousWaitReason(now)));
+    }
+  }
+}
+
+}  // namespace ballast::master

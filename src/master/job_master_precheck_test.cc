@@ -1,0 +1,103 @@
+// JobMaster with the pre-flight check: RunCheck rounds, exclusion, replacement.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "master/job_master.h"
+
+namespace ballast::master {
+namespace {
+
+class JobMasterPrecheckTest : public ::testing::Test {
+ protected:
+  void Make(int nodes) {
+    JobMasterOptions o;
+    o.job_id = "job1";
+    o.min_nodes = nodes;
+    o.max_nodes = nodes;
+    o.last_call_s = 2.0;
+    o.clock = &clock_;
+    o.precheck_options = PrecheckOptions{};
+    jm_ = std::make_unique<JobMaster>(o);
+  }
+  absl::Status Join(const std::string& id, int hint) {
+    v1::JoinRequest req;
+    req.mutable_node()->set_node_id(id);
+    req.mutable_node()->set_node_rank_hint(hint);
+    req.mutable_node()->set_local_world_size(1);
+    req.mutable_node()->set_host(id + ".host");
+    req.mutable_spec()->set_precheck(true);
+    auto r = jm_->Join(req);
+    if (r.ok() && handles_.count(id) == 0) handles_[id] = *jm_->OpenWatch(id);
+    return r.status();
+  }
+  // The node's newest decision delivered now (empty when none).
+  std::optional<v1::Decision> Last(const std::string& id) {
+    std::optional<v1::Decision> last;
+    while (true) {
+      auto next = jm_->NextDecision(handles_[id], 0);
+      if (!next.ok() || !next->has_value()) break;
+      last = **next;
+    }
+    return last;
+  }
+  // Answers the pending RunCheck of every node: `bad` fails.
+  void AnswerChecks(const std::vector<std::string>& ids, const std::string& bad) {
+    std::map<std::string, v1::RunCheck> checks;
+    for (const auto& id : ids) {
+      auto d = Last(id);
+      if (d.has_value() && d->has_run_check()) checks[id] = d->run_check();
+    }
+    for (const auto& [id, rc] : checks) {
+      v1::CheckResult r;
+      r.set_node_id(id);
+      r.set_check_id(rc.check_id());
+      r.set_ok(id != bad);
+      r.set_time_s(0.01);
+      ASSERT_TRUE(jm_->ReportCheckResult(r).ok());
+    }
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<JobMaster> jm_;
+  std::map<std::string, JobMaster::WatchHandle> handles_;
+};
+
+TEST_F(JobMasterPrecheckTest, FaultyNodeIsExcludedAndItsReplacementCheckedBeforeTraining) {
+  Make(4);
+  std::vector<std::string> ids = {"a", "b", "c", "d"};
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Join(ids[i], i).ok());
+  ASSERT_EQ(jm_->Status().round(), 0);  // checking, not training
+  AnswerChecks(ids, "b");               // round 1
+  AnswerChecks(ids, "b");               // round 2
+  auto excluded = Last("b");
+  ASSERT_TRUE(excluded.has_value() && excluded->has_excluded());
+  EXPECT_NE(excluded->excluded().reason().find("failed the pre-flight check"), std::string::npos);
+  EXPECT_EQ(Join("b", 1).code(), absl::StatusCode::kFailedPrecondition);  // re-join refused
+  EXPECT_EQ(jm_->Status().round(), 0);  // 3 of 4 nodes: waiting for a replacement
+  ASSERT_TRUE(Join("e", 1).ok());
+  AnswerChecks({"a", "c", "d", "e"}, "");
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 1);
+  EXPECT_EQ(st.world_size(), 4);
+  EXPECT_NE(st.precheck().find("all 4 nodes passed"), std::string::npos) << st.precheck();
+  auto start = Last("e");
+  ASSERT_TRUE(start.has_value() && start->has_start_round());
+}
+
+TEST_F(JobMasterPrecheckTest, ThreeNodesWithAFailureFailTheJob) {
+  Make(3);
+  std::vector<std::string> ids = {"a", "b", "c"};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Join(ids[i], i).ok());
+  AnswerChecks(ids, "c");
+  auto outcome = jm_->outcome();
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_FALSE(outcome->succeeded);
+  EXPECT_NE(outcome->message.find("cannot be localized"), std::string::npos) << outcome->message;
+}
+
+}  // namespace
+}  // namespace ballast::master

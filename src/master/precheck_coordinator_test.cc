@@ -1,0 +1,94 @@
+#include "master/precheck_coordinator.h"
+
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace ballast::master {
+namespace {
+
+std::vector<PrecheckNode> Nodes(int n) {
+  std::vector<PrecheckNode> out;
+  for (int i = 0; i < n; ++i) out.push_back({"n" + std::to_string(i), 1});
+  return out;
+}
+
+// Answers every decision: nodes in `bad` fail, the rest pass in 1 s.
+void Answer(PrecheckCoordinator& c, const CheckDecisions& ds, const std::set<std::string>& bad) {
+  for (const auto& [id, rc] : ds) {
+    v1::CheckResult r;
+    r.set_node_id(id);
+    r.set_check_id(rc.check_id());
+    r.set_ok(bad.count(id) == 0);
+    r.set_time_s(1.0);
+    if (!r.ok()) r.set_error("exit code 1");
+    ASSERT_TRUE(c.Record(r).ok());
+  }
+}
+
+TEST(PrecheckCoordinator, FourNodesOneFailingIsFoundInRoundTwo) {
+  PrecheckCoordinator c;
+  CheckDecisions d1 = c.Begin(Nodes(4), 0);
+  ASSERT_EQ(d1.size(), 4u);
+  EXPECT_EQ(d1[1].second.group_id(), 0);
+  EXPECT_EQ(d1[1].second.group_rank(), 1);
+  EXPECT_EQ(d1[1].second.world_size(), 2);
+  EXPECT_FALSE(c.RoundComplete(0));
+  Answer(c, d1, {"n1"});
+  ASSERT_TRUE(c.RoundComplete(0));
+  auto s1 = c.Advance(0);
+  ASSERT_FALSE(s1.outcome.has_value());
+  ASSERT_EQ(s1.next.size(), 4u);
+  EXPECT_EQ(c.check_round(), 2);
+  Answer(c, s1.next, {"n1"});
+  auto s2 = c.Advance(0);
+  ASSERT_TRUE(s2.outcome.has_value());
+  EXPECT_EQ(s2.outcome->faulty, std::vector<std::string>{"n1"});
+  EXPECT_FALSE(c.active());
+}
+
+TEST(PrecheckCoordinator, FiveNodesSuspectRoundClearsThePartner) {
+  PrecheckCoordinator c;
+  CheckDecisions d = c.Begin(Nodes(5), 0);
+  for (int round = 1; round <= 3; ++round) {
+    Answer(c, d, {"n3"});
+    auto s = c.Advance(0);
+    if (s.outcome.has_value()) {
+      EXPECT_EQ(round, 3);
+      EXPECT_EQ(s.outcome->faulty, std::vector<std::string>{"n3"});
+      return;
+    }
+    d = s.next;
+  }
+  FAIL() << "no verdict after 3 rounds";
+}
+
+TEST(PrecheckCoordinator, ThreeNodesWithAFailureAllFail) {
+  PrecheckCoordinator c;
+  Answer(c, c.Begin(Nodes(3), 0), {"n2"});
+  auto s = c.Advance(0);
+  ASSERT_TRUE(s.outcome.has_value());
+  EXPECT_TRUE(s.outcome->verdict.all_failed);
+  EXPECT_NE(s.outcome->verdict.message.find("cannot be localized"), std::string::npos);
+}
+
+TEST(PrecheckCoordinator, SilentNodeFailsAtTheDeadlineAndStaleResultsAreAborted) {
+  PrecheckOptions o;
+  o.timeout_s = 10;
+  o.grace_s = 5;
+  PrecheckCoordinator c(o);
+  CheckDecisions d = c.Begin(Nodes(2), 0);
+  v1::CheckResult r;
+  r.set_node_id("n0");
+  r.set_check_id(d[0].second.check_id() + 7);
+  EXPECT_EQ(c.Record(r).code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(c.RoundComplete(14.9));
+  EXPECT_TRUE(c.RoundComplete(15.0));
+  auto s = c.Advance(15.0);
+  ASSERT_TRUE(s.outcome.has_value());
+  EXPECT_TRUE(s.outcome->verdict.all_failed);
+  EXPECT_NE(s.outcome->errors.at("n1").find("no result"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ballast::master
