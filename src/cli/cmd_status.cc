@@ -37,6 +37,7 @@ void PrintHuman(const v1::JobStatus& s) {
   }
   // A straggler's step time exceeds BALLAST_STRAGGLER_FACTOR x the round's median.
   std::printf("stragglers: %s\n", stragglers.empty() ? "none" : stragglers.c_str());
+  if (!s.precheck().empty()) std::printf("pre-flight check: %s\n", s.precheck().c_str());
   if (!s.last_failure().node_id().empty()) {
     const auto& f = s.last_failure();
     std::printf("last failure: node %s (%s), rank %d (local %d), %s, round %ld\n", f.node_id().c_str(),
