@@ -4,9 +4,14 @@ An unchanged torchrun-style script: env:// init, gloo, a deterministic model.
 It checkpoints to --out/ckpt.pt after every step (rank 0; temp file + rename)
 and resumes from it, so a restarted world continues where it stopped.
 Each rank appends JSON lines to --out/rank<R>.jsonl: a "start" event (pid,
-world size, restart count, round, first step), a "step" event per step and a
-"done" event, which the tests read.
+world size, restart count, round, first step), a "step" event per step, a
+"hang" event, and a "done" event, which the tests read.
+
+When the `ballast` package is importable (it is under `ballast run`), the
+script reports progress with ballast.step() and marks its checkpoint writes,
+so `--hang-timeout` can watch it; without it the script runs as it is.
 """
+import contextlib
 import argparse
 import json
 import os
@@ -17,11 +22,21 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+try:
+    import ballast
+except ImportError:  # plain torchrun: no progress reports
+    ballast = None
+
 
 def log(out, rank, **event):
     event["t"] = time.time()
     with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as f:
         f.write(json.dumps(event) + "\n")
+
+
+def hang_forever():
+    while True:
+        time.sleep(3600)  # a stack dump of a hung worker shows this line
 
 
 def main():
@@ -31,7 +46,9 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank exits 3 at --fail-step, every attempt")
     p.add_argument("--fail-step", type=int, default=2)
-    p.add_argument("--hang-rank", type=int, default=-1)
+    p.add_argument("--hang-rank", type=int, default=-1,
+                   help="this rank hangs at --hang-step, on the first attempt only")
+    p.add_argument("--hang-step", type=int, default=3)
     args = p.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -53,15 +70,16 @@ def main():
         start = state["step"]
     ddp = DDP(model)
     log(args.out, rank, event="start", pid=os.getpid(), world=world, restart=restart, round=rnd, step=start,
-        local_rank=int(os.environ["LOCAL_RANK"]), group_rank=int(os.environ["GROUP_RANK"]))
+        local_rank=int(os.environ["LOCAL_RANK"]), group_rank=int(os.environ["GROUP_RANK"]),
+        cell=ballast.progress.state()["cell"] if ballast else "none")
 
     for step in range(start, args.steps):
         if rank == args.fail_rank and step == args.fail_step:
             print(f"rank {rank}: injected failure at step {step}", file=sys.stderr, flush=True)
             sys.exit(3)
-        if rank == args.hang_rank and step == args.fail_step:
-            while True:
-                time.sleep(1)
+        if restart == 0 and rank == args.hang_rank and step == args.hang_step:
+            log(args.out, rank, event="hang", step=step)
+            hang_forever()
         g = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.randn(8, 16, generator=g)
         y = torch.randn(8, 4, generator=g)
@@ -72,10 +90,13 @@ def main():
         # Everyone finished the step before rank 0 records it as durable.
         dist.barrier()
         if rank == 0:
-            tmp = ckpt + ".tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, tmp)
-            os.replace(tmp, ckpt)
-        log(args.out, rank, event="step", step=step + 1, world=world, loss=float(loss))
+            with ballast.progress.checkpointing() if ballast else contextlib.nullcontext():
+                tmp = ckpt + ".tmp"
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, tmp)
+                os.replace(tmp, ckpt)
+        if ballast:
+            ballast.step(step + 1)
+        log(args.out, rank, event="step", step=step + 1, world=world, restart=restart, loss=float(loss))
         time.sleep(args.step_time)
 
     dist.barrier()

@@ -38,8 +38,8 @@ TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) {
   std::vector<std::string> argv = {BallastBin(), "launch", "--python", Python(), "--nodes", "1",
                                    "--nproc-per-node", "2", "--max-restarts", "2", "--hang-timeout",
                                    std::to_string(static_cast<int>(kHangTimeoutS)),
-                                   Script("train_hang.py"), "--out", dir.path(), "--steps", std::to_string(steps),
-                                   "--hang-rank", "1", "--hang-step", "3"};
+                                   Example("train_ddp.py"), "--out", dir.path(), "--steps", std::to_string(steps),
+                                   "--step-time", "0.1", "--hang-rank", "1", "--hang-step", "3"};
   // Imports and rendezvous on a busy test machine may take a while: the
   // first-step grace is generous, the hang timeout is not.
   Proc launch(argv, dir / "launch.log", {{"BALLAST_HANG_FIRST_STEP_GRACE_S", "60"}});
@@ -65,7 +65,7 @@ TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) {
   // The Python stacks of the workers reached the log (faulthandler on SIGUSR1).
   EXPECT_NE(out.find("most recent call first"), std::string::npos) << out;
   EXPECT_NE(out.find("hang_forever"), std::string::npos) << out;
-  EXPECT_NE(out.find("train_hang.py"), std::string::npos) << out;
+  EXPECT_NE(out.find("train_ddp.py"), std::string::npos) << out;
   EXPECT_NE(out.find("hung (no progress)"), std::string::npos) << out;
 
   // Restarted once; every rank finished every step in the second attempt.
