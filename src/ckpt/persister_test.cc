@@ -197,14 +197,7 @@ TEST(CkptPersisterCrash, KilledMidWriteKeepsPreviousDurableStep) {
     p.PersistNewest().IgnoreError();
     _exit(3);
   }
-  close(fds[1]);
-  char c;
-  ASSERT_EQ(read(fds[0], &c, 1), 1);
-  close(fds[0]);
-  kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_TRUE(test_util::KillChildWhenReady(child, fds[0], fds[1]));
 
   EXPECT_EQ(*ReadLatestStep(dir), 1u);
   EXPECT_TRUE(fs::exists(ShardPath(dir, 2, 0) + ".tmp"));

@@ -250,14 +250,7 @@ TEST(CkptSlotStoreCrash, WriterKilledMidSaveLeavesPreviousStep) {
     pause();
     _exit(6);
   }
-  close(fds[1]);
-  char c;
-  ASSERT_EQ(read(fds[0], &c, 1), 1);
-  close(fds[0]);
-  kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_TRUE(test_util::KillChildWhenReady(child, fds[0], fds[1]));
 
   auto snap = RestoreFromShm(agent->get());
   ASSERT_TRUE(snap.ok()) << snap.status();
@@ -301,15 +294,9 @@ TEST(CkptSlotStoreCrash, RandomKillsNeverExposeATornStep) {
         }
       }
     }
-    close(fds[1]);
-    char c;
-    ASSERT_EQ(read(fds[0], &c, 1), 1);
-    close(fds[0]);
-    usleep(1000 + round * 2777);  // land somewhere in a later save
-    kill(child, SIGKILL);
-    int status = 0;
-    waitpid(child, &status, 0);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited early: " << status;
+    // Land somewhere in a later save.
+    ASSERT_TRUE(test_util::KillChildWhenReady(child, fds[0], fds[1], 1000 + round * 2777))
+        << "child exited before the kill";
     auto snap = RestoreFromShm(agent->get());
     ASSERT_TRUE(snap.ok()) << snap.status();
     EXPECT_GE(snap->step(), 1000u * (round + 1));

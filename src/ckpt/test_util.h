@@ -1,7 +1,9 @@
 // Test helpers for src/ckpt tests (not part of the library).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +18,21 @@
 #include "gtest/gtest.h"
 
 namespace ballast::ckpt::test_util {
+
+// Crash injection: closes the write end the child inherited, waits for the
+// child's one "ready" byte on read_fd, sleeps delay_us, then SIGKILLs and
+// reaps the child. True when the child died by that signal (not earlier).
+inline bool KillChildWhenReady(pid_t child, int read_fd, int write_fd, useconds_t delay_us = 0) {
+  close(write_fd);
+  char c;
+  bool ready = read(read_fd, &c, 1) == 1;
+  close(read_fd);
+  if (delay_us > 0) usleep(delay_us);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return ready && WIFSIGNALED(status);
+}
 
 // A shm name unique to this process and call.
 inline std::string UniqueShmName(const std::string& tag) {
