@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "common/subprocess.h"
 #include "common/chaos.h"
 #include "health/failure_class.h"
+#include "health/stack_dump.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -137,9 +139,10 @@ Agent::~Agent() {
 }
 
 void Agent::StartCheckpointStores(const std::string& job_id) {
+  // A SIGKILLed agent cannot unlink its stores and progress cells: reclaim
+  // that memory now.
+  RemoveStaleAgentShmObjects();
   if (!options_.flash_checkpoint) return;
-  // A SIGKILLed agent cannot unlink its stores: reclaim that memory now.
-  RemoveStaleCkptStores();
   CkptPersisterOptions po;
   po.node_id = options_.node_id;
   po.local_world_size = options_.run.nproc_per_node;
@@ -223,11 +226,15 @@ int Agent::Run() {
   const Tunables& t = options_.tunables;
   {
     // Fault injection for drills and tests (common/chaos.h).
-    const char* chaos_env = std::getenv(kChaosEnv);
-    auto chaos = ParseChaosSpec(chaos_env != nullptr ? chaos_env : "");
+    auto chaos = ChaosSpecFromEnv();
     if (!chaos.ok()) {
-      PrintError(absl::StrCat(kChaosEnv, ": ", chaos.status().message()));
+      PrintError(std::string(chaos.status().message()));
       return 2;
+    }
+    if (const ChaosFault* kill = chaos->Find("kill-agent", options_.run.node_rank); kill != nullptr) {
+      chaos_kill_after_s_ = kill->Number("after", 0);
+      spdlog::warn("chaos: kill-agent on node rank {}: this agent SIGKILLs itself {} s after its workers start",
+                   options_.run.node_rank, chaos_kill_after_s_);
     }
     PrecheckRunnerOptions po;
     po.node_id = options_.node_id;
@@ -475,6 +482,9 @@ void Agent::StartRound(const v1::StartRound& start) {
   // No worker runs now: the cells start clean, and the first-step grace counts from here.
   if (progress_ != nullptr) progress_->Reset();
   round_started_ns_ = MonotonicNowNs();
+  if (chaos_kill_after_s_ >= 0 && chaos_kill_at_ns_ == 0) {
+    chaos_kill_at_ns_ = round_started_ns_ + static_cast<uint64_t>(chaos_kill_after_s_ * 1e9);
+  }
   next_progress_report_ns_ = round_started_ns_;
   absl::Status s = workers_->Start(rs);
   if (!s.ok()) {
@@ -512,6 +522,11 @@ void Agent::ReportFailure(const v1::FailureReport& report) {
 }
 
 std::optional<int> Agent::PollWorkers() {
+  if (chaos_kill_at_ns_ != 0 && MonotonicNowNs() >= chaos_kill_at_ns_) {
+    spdlog::warn("chaos: kill-agent: SIGKILL to this agent (pid {}) {}", getpid(), Fmt());
+    spdlog::default_logger()->flush();
+    kill(getpid(), SIGKILL);
+  }
   if (precheck_ != nullptr) precheck_->Poll();
   if (!running_round_) return std::nullopt;
   std::vector<WorkerEvent> events = workers_->Poll();
@@ -568,68 +583,102 @@ void Agent::CheckHangs() {
   if (progress_ == nullptr || hang_.timeout_s <= 0 || round_failed_reported_) return;
   const uint64_t now = MonotonicNowNs();
   const std::vector<WorkerInfo> workers = workers_->Workers();
-  // Of several hung workers (the others usually wait for the first in a
-  // collective) the one with the oldest progress is blamed.
-  const WorkerInfo* hung = nullptr;
-  CellSnapshot cell;
-  HangVerdict v;
+  struct Hung {
+    const WorkerInfo* worker;
+    CellSnapshot cell;
+    HangVerdict verdict;
+    health::StackSummary stack;
+  };
+  std::vector<Hung> hung;
   for (const WorkerInfo& w : workers) {
     if (w.state != "running" || w.local_rank >= progress_->num_cells()) continue;
     const CellSnapshot c = progress_->Read(w.local_rank);
     const HangVerdict cv = CheckHang(c, now, round_started_ns_, hang_);
-    if (!cv.hung) continue;
-    if (hung == nullptr || c.step < cell.step || (c.step == cell.step && c.timestamp_ns < cell.timestamp_ns)) {
-      hung = &w;
-      cell = c;
-      v = cv;
+    if (cv.hung) hung.push_back({&w, c, cv, {}});
+  }
+  if (hung.empty()) return;
+  spdlog::error("{} worker(s) hung: no progress for {:.1f} s (limit {:.0f} s, {}) {}; dumping the Python stacks "
+                "of this node's workers",
+                hung.size(), hung[0].verdict.idle_s, hung[0].verdict.limit_s, hung[0].verdict.phase, Fmt());
+  // `import ballast` registered faulthandler on SIGUSR1 (all threads, to
+  // stderr), which the output reader forwards, logs and captures here. Every
+  // worker, not only the hung ones: the others usually wait in a collective,
+  // and their stacks show where. One at a time, so their dumps do not
+  // interleave. Only the worker process, not its group: its children did not
+  // install the handler and SIGUSR1 would end them.
+  const double wait_s = options_.tunables.hang_dump_wait_s;
+  const double slice_s = std::min(0.2, wait_s / std::max<size_t>(1, workers.size()));
+  double waited = 0;
+  std::vector<const WorkerInfo*> dumped;
+  for (const WorkerInfo& o : workers) {
+    if (o.state != "running" || o.pid <= 0) continue;
+    spdlog::info("Python stacks of rank {} (local rank {}, pid {}):", o.global_rank, o.local_rank, o.pid);
+    workers_->StartStderrCapture(o.local_rank);
+    kill(o.pid, SIGUSR1);
+    dumped.push_back(&o);
+    std::this_thread::sleep_for(std::chrono::duration<double>(slice_s));
+    waited += slice_s;
+  }
+  if (wait_s > waited) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s - waited));
+  for (const WorkerInfo* o : dumped) {
+    health::StackSummary st = health::SummarizeStackDump(workers_->TakeStderrCapture(o->local_rank));
+    spdlog::info("rank {} (local rank {}): {}", o->global_rank, o->local_rank,
+                 !st.found          ? "no stack dump (the worker did not import ballast?)"
+                 : st.in_collective ? absl::StrCat("waiting in a collective at ", st.top_frame)
+                                    : absl::StrCat("stopped outside any collective at ", st.top_frame));
+    for (Hung& h : hung) {
+      if (h.worker->local_rank == o->local_rank) h.stack = st;
     }
   }
-  if (hung == nullptr) return;
-  const WorkerInfo& w = *hung;
-  {
-    const std::string last_step = cell.timestamp_ns == 0 ? "none" : absl::StrCat(cell.step);
-    spdlog::error("worker hung: no progress for {:.1f} s (limit {:.0f} s, {}; last step {}) node={} rank={} "
-                  "local_rank={} round={}; dumping the Python stacks of this node's workers",
-                  v.idle_s, v.limit_s, v.phase, last_step, options_.node_id, w.global_rank, w.local_rank, round_);
-    // `import ballast` registered faulthandler on SIGUSR1 (all threads, to
-    // stderr), which the output reader forwards and logs. Every worker, not
-    // only the hung one: the others usually wait for it in a collective, and
-    // their stacks show where. One at a time, so their dumps do not
-    // interleave. Only the worker process, not its group: its children did
-    // not install the handler and SIGUSR1 would end them.
-    const double wait_s = options_.tunables.hang_dump_wait_s;
-    const double slice_s = std::min(0.2, wait_s / std::max<size_t>(1, workers.size()));
-    double waited = 0;
-    for (const WorkerInfo& o : workers) {
-      if (o.state != "running" || o.pid <= 0) continue;
-      spdlog::info("Python stacks of rank {} (local rank {}, pid {}){}:", o.global_rank, o.local_rank, o.pid,
-                   o.local_rank == w.local_rank ? ", the hung worker" : "");
-      kill(o.pid, SIGUSR1);
-      std::this_thread::sleep_for(std::chrono::duration<double>(slice_s));
-      waited += slice_s;
-    }
-    if (wait_s > waited) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s - waited));
-    kill(-w.pid, SIGKILL);
-    // Reported now, with the hang as its cause; the reaped SIGKILL (and the
-    // other workers' failures that follow it) are then consequences.
-    round_failed_reported_ = true;
-    v1::FailureReport report;
-    report.set_node_id(options_.node_id);
-    report.set_round(round_);
-    report.set_local_rank(w.local_rank);
-    report.set_global_rank(w.global_rank);
-    report.set_signal(SIGKILL);
-    report.set_stderr_tail(absl::StrCat("no progress for ", static_cast<int>(v.idle_s), " s (", v.phase,
-                                        ", last step ", last_step, "); Python stacks are in the agent's log"));
-    health::FailureEvidence evidence;
-    evidence.signal = SIGKILL;
-    evidence.hang = true;
-    health::FailureClass fc = health::Classify(evidence);
-    report.set_cause(fc.cause);
-    report.set_kind(health::FailureKindName(fc.kind));
-    report.set_max_retries(fc.max_retries);
-    ReportFailure(report);
+  // Blame: a rank outside a collective (the others wait for it), then the
+  // lowest step, then the oldest progress.
+  auto outside = [](const Hung& h) { return h.stack.found && !h.stack.in_collective; };
+  const Hung* blamed = &hung[0];
+  for (const Hung& h : hung) {
+    auto key = [&](const Hung& x) {
+      return std::make_tuple(outside(x) ? 0 : 1, x.cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(x.cell.step),
+                             x.cell.timestamp_ns);
+    };
+    if (key(h) < key(*blamed)) blamed = &h;
   }
+  const WorkerInfo& w = *blamed->worker;
+  const std::string last_step = blamed->cell.timestamp_ns == 0 ? "none" : absl::StrCat(blamed->cell.step);
+  spdlog::error("worker hung: no progress for {:.1f} s (limit {:.0f} s, {}; last step {}) node={} rank={} "
+                "local_rank={} round={}{}",
+                blamed->verdict.idle_s, blamed->verdict.limit_s, blamed->verdict.phase, last_step, options_.node_id,
+                w.global_rank, w.local_rank, round_,
+                blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "");
+  kill(-w.pid, SIGKILL);
+  // Reported now, with the hang as its cause; the reaped SIGKILL (and the
+  // other workers' failures that follow it) are then consequences.
+  round_failed_reported_ = true;
+  v1::FailureReport report;
+  report.set_node_id(options_.node_id);
+  report.set_round(round_);
+  report.set_local_rank(w.local_rank);
+  report.set_global_rank(w.global_rank);
+  report.set_signal(SIGKILL);
+  report.set_stderr_tail(absl::StrCat("no progress for ", static_cast<int>(blamed->verdict.idle_s), " s (",
+                                      blamed->verdict.phase, ", last step ", last_step, ")",
+                                      blamed->stack.found ? absl::StrCat("; stack top: ", blamed->stack.top_frame,
+                                                                         blamed->stack.in_collective
+                                                                             ? " (waiting in a collective)"
+                                                                             : "")
+                                                          : "",
+                                      "; Python stacks are in the agent's log"));
+  report.set_hang_last_step(blamed->cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(blamed->cell.step));
+  report.set_hang_idle_s(blamed->verdict.idle_s);
+  report.set_hang_stack_found(blamed->stack.found);
+  report.set_hang_in_collective(blamed->stack.in_collective);
+  report.set_hang_top_frame(blamed->stack.top_frame);
+  health::FailureEvidence evidence;
+  evidence.signal = SIGKILL;
+  evidence.hang = true;
+  health::FailureClass fc = health::Classify(evidence);
+  report.set_cause(fc.cause);
+  report.set_kind(health::FailureKindName(fc.kind));
+  report.set_max_retries(fc.max_retries);
+  ReportFailure(report);
 }
 
 void Agent::MaybeReportProgress() {

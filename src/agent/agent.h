@@ -145,6 +145,10 @@ class Agent {
   // The workers' progress cells (BALLAST_PROGRESS_SHM); null when /dev/shm is unusable.
   std::unique_ptr<ProgressMonitor> progress_;
   HangOptions hang_;
+  // Chaos kill-agent (common/chaos.h): CLOCK_MONOTONIC time at which this
+  // agent SIGKILLs itself; 0 = never. Armed when workers first start.
+  double chaos_kill_after_s_ = -1;
+  uint64_t chaos_kill_at_ns_ = 0;
   uint64_t round_started_ns_ = 0;       // CLOCK_MONOTONIC when round_'s workers started
   uint64_t next_progress_report_ns_ = 0;
 

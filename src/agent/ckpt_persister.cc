@@ -59,23 +59,26 @@ std::string CkptStorePrefix(const std::string& job_id, pid_t pid) {
   return absl::StrFormat("/ballast-%08x-%d", Fnv1a(job_id), static_cast<int>(pid));
 }
 
-int RemoveStaleCkptStores(const std::string& shm_dir) {
+int RemoveStaleAgentShmObjects(const std::string& shm_dir) {
   namespace fs = std::filesystem;
   int removed = 0;
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(shm_dir, ec)) {
-    // ballast-<8 hex>-<pid>-<local rank>[.s<slot>]
-    static const std::regex kStoreName("ballast-[0-9a-f]{8}-([0-9]{1,9})-[0-9]+(\\.s[0-9]+)?");
+    // Checkpoint stores: ballast-<8 hex>-<pid>-<local rank>[.s<slot>];
+    // progress cells (progress_monitor.h): ballast-progress-<pid>.
+    static const std::regex kAgentObject(
+        "ballast-(?:[0-9a-f]{8}-([0-9]{1,9})-[0-9]+(?:\\.s[0-9]+)?|progress-([0-9]{1,9}))");
     const std::string name = de.path().filename().string();
     std::smatch m;
-    if (!std::regex_match(name, m, kStoreName)) continue;
+    if (!std::regex_match(name, m, kAgentObject)) continue;
     int pid = 0;
-    if (!absl::SimpleAtoi(m[1].str(), &pid) || pid <= 0 || pid == getpid()) continue;
+    const std::string pid_text = m[1].matched ? m[1].str() : m[2].str();
+    if (!absl::SimpleAtoi(pid_text, &pid) || pid <= 0 || pid == getpid()) continue;
     // Only a pid that certainly does not exist: EPERM means it lives (another user's).
     if (kill(pid, 0) == 0 || errno != ESRCH) continue;
     if (fs::remove(de.path(), ec)) ++removed;
   }
-  if (removed > 0) spdlog::info("removed {} shared-memory checkpoint objects of dead agents", removed);
+  if (removed > 0) spdlog::info("removed {} shared-memory objects of dead agents", removed);
   return removed;
 }
 

@@ -83,10 +83,11 @@ struct CkptPersisterOptions {
 // valid POSIX shm name (one leading '/', short).
 std::string CkptStorePrefix(const std::string& job_id, pid_t pid);
 
-// Unlinks stores of agents that died without cleaning up (SIGKILL): shm
-// objects named like CkptStorePrefix whose pid no longer exists. Returns how
-// many objects were removed. Best effort: errors are ignored.
-int RemoveStaleCkptStores(const std::string& shm_dir = "/dev/shm");
+// Unlinks the shm objects of agents that died without cleaning up (SIGKILL):
+// checkpoint stores named like CkptStorePrefix and progress cells
+// ("ballast-progress-<pid>") whose pid no longer exists. Returns how many
+// objects were removed. Best effort: errors are ignored.
+int RemoveStaleAgentShmObjects(const std::string& shm_dir = "/dev/shm");
 
 class CkptPersister {
  public:

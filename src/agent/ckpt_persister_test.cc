@@ -248,7 +248,7 @@ TEST(AgentCkptStores, AreUnlinkedWhenThePersisterIsDestroyed) {
   EXPECT_FALSE(ckpt::SlotStore::Open(name).ok());
 }
 
-TEST(AgentCkptStores, StaleStoresOfDeadAgentsAreRemoved) {
+TEST(AgentCkptStores, StaleShmObjectsOfDeadAgentsAreRemoved) {
   const std::string dir = MakeTempDir("stale");
   pid_t child = fork();
   if (child == 0) _exit(0);
@@ -260,8 +260,12 @@ TEST(AgentCkptStores, StaleStoresOfDeadAgentsAreRemoved) {
   touch(dead);
   touch(dead + ".s1");
   touch(alive);
-  touch(absl::StrCat("ballast-test-x-", child, "-0"));  // not an agent store
-  EXPECT_EQ(RemoveStaleCkptStores(dir), 2);
+  touch(absl::StrCat("ballast-progress-", child));
+  touch(absl::StrCat("ballast-progress-", getpid()));
+  touch(absl::StrCat("ballast-test-x-", child, "-0"));  // not an agent object
+  EXPECT_EQ(RemoveStaleAgentShmObjects(dir), 3);
+  EXPECT_FALSE(fs::exists(dir + "/" + absl::StrCat("ballast-progress-", child)));
+  EXPECT_TRUE(fs::exists(dir + "/" + absl::StrCat("ballast-progress-", getpid())));
   EXPECT_FALSE(fs::exists(dir + "/" + dead));
   EXPECT_TRUE(fs::exists(dir + "/" + alive));
   EXPECT_TRUE(fs::exists(dir + "/" + absl::StrCat("ballast-test-x-", child, "-0")));

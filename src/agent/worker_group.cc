@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,7 @@ struct WorkerGroup::Stream {
   std::string partial;     // reader thread only
   // Guarded by WorkerGroup::mu_.
   std::deque<std::string> tail;
+  std::optional<std::vector<std::string>> capture;  // StartStderrCapture .. TakeStderrCapture
   bool eof = false;
 
   ~Stream() {
@@ -263,6 +265,7 @@ void WorkerGroup::ReaderLoop() {
       }
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& line : tail_add) {
+        if (s->capture.has_value() && s->capture->size() < kMaxCaptureLines) s->capture->push_back(line);
         s->tail.push_back(std::move(line));
         while (s->tail.size() > s->tail_lines) s->tail.pop_front();
       }
@@ -395,6 +398,24 @@ bool WorkerGroup::AnyRunning() const {
   for (const auto& w : workers_)
     if (w.state == "running") return true;
   return false;
+}
+
+void WorkerGroup::StartStderrCapture(int local_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    if (w.local_rank == local_rank && w.err != nullptr && w.err->keep_tail) w.err->capture.emplace();
+  }
+}
+
+std::string WorkerGroup::TakeStderrCapture(int local_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    if (w.local_rank != local_rank || w.err == nullptr || !w.err->capture.has_value()) continue;
+    std::string text = absl::StrJoin(*w.err->capture, "\n");
+    w.err->capture.reset();
+    return text;
+  }
+  return "";
 }
 
 std::vector<WorkerInfo> WorkerGroup::Workers() const {

@@ -129,6 +129,13 @@ class WorkerGroup {
   bool started() const { return !workers_.empty(); }
   int64_t round() const { return round_.round; }
   std::vector<WorkerInfo> Workers() const;
+  // Captures the stderr lines a worker of the current round writes from now
+  // on (at most kMaxCaptureLines), e.g. a stack dump it prints on a signal;
+  // TakeStderrCapture returns them ('\n'-joined) and ends the capture. Only
+  // for workers whose stderr is read (not redirected to a file only).
+  static constexpr size_t kMaxCaptureLines = 400;
+  void StartStderrCapture(int local_rank);
+  std::string TakeStderrCapture(int local_rank);
   // Directory of the current attempt's log files ("" when none are written).
   const std::string& attempt_log_dir() const { return attempt_log_dir_; }
 

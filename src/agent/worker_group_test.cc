@@ -355,5 +355,35 @@ TEST(WorkerGroup, RestartsIntoANewRound) {
   g.Stop(1);
 }
 
+// The stderr lines a worker writes between StartStderrCapture and
+// TakeStderrCapture are returned (a stack dump on SIGUSR1), earlier ones not.
+TEST(WorkerGroup, CapturesStderrWrittenAfterStartCapture) {
+  TempDir dir;
+  Console console(dir / "console");
+  WorkerSpec spec = ShellSpec(absl::StrCat("echo before >&2; trap 'echo dump one >&2; echo dump two >&2' USR1; "
+                                           "touch ", dir / "ready", "; while :; do sleep 0.05; done"),
+                              console.fd);
+  WorkerGroup g(spec);
+  ASSERT_TRUE(g.Start(Round(1)).ok());
+  auto console_has = [&](const std::string& s) {
+    for (int i = 0; i < 200; ++i) {
+      if (ReadFile(console.path).find(s) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  };
+  ASSERT_TRUE(console_has("before"));
+  for (int i = 0; i < 400 && !fs::exists(dir / "ready"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  ASSERT_TRUE(fs::exists(dir / "ready")) << "the trap is set before the file is created";
+  g.StartStderrCapture(0);
+  kill(g.Workers()[0].pid, SIGUSR1);
+  ASSERT_TRUE(console_has("dump two"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the reader stores after forwarding
+  EXPECT_EQ(g.TakeStderrCapture(0), "dump one\ndump two");
+  EXPECT_EQ(g.TakeStderrCapture(0), "");  // the capture ended
+  EXPECT_EQ(g.TakeStderrCapture(5), "");  // no such worker
+  g.Stop(1);
+}
+
 }  // namespace
 }  // namespace ballast::agent

@@ -96,7 +96,7 @@ int LaunchCommand(const Args& args) {
   app.add_flag("--exclude-stragglers,--exclude_stragglers", f.exclude_stragglers,
                "With --network-check: also replace nodes slower than 2x the median");
   app.add_option("--chaos", f.chaos,
-                 absl::StrCat("Fault injection for the first agent of each node rank (BALLAST_CHAOS): ",
+                 absl::StrCat("Fault injection (BALLAST_CHAOS; faults hit the first agent of a node rank unless they name an incarnation): ",
                               ChaosKindsHelp()));
   app.add_option("--token", f.token, "Job token (default: $BALLAST_TOKEN, else random)");
   app.add_option("--python", f.python, "Interpreter for the workers")->capture_default_str();
@@ -162,17 +162,22 @@ int LaunchCommand(const Args& args) {
   scheduler::LocalScheduler sched;
   int next_node = 0;
   std::map<std::string, int> rank_hint;  // node name -> --node-rank it was started with
-  // Chaos faults hit only the first agent of a node rank: its replacement is
-  // a healthy node and must pass the pre-flight check.
-  auto launch_node = [&](int hint, bool first) -> absl::Status {
+  // Chaos faults hit the agent of a node rank whose incarnation they name
+  // (the first by default): a replacement is a healthy node unless a fault
+  // names its incarnation.
+  std::map<int, int> incarnations;  // node rank -> agents started for it
+  auto launch_node = [&](int hint) -> absl::Status {
     std::string name = absl::StrCat("node-", next_node++);
     scheduler::NodeSpec spec{name, AgentArgv(f, m.address(), hint), {{"BALLAST_TOKEN", m.token()}}};
-    if (!f.chaos.empty()) spec.env[kChaosEnv] = first ? f.chaos : "";
+    if (!f.chaos.empty()) {
+      spec.env[kChaosEnv] = f.chaos;
+      spec.env[kChaosIncarnationEnv] = std::to_string(++incarnations[hint]);
+    }
     rank_hint[name] = hint;
     return sched.LaunchNode(spec);
   };
   for (int i = 0; i < f.start_nodes; ++i) {
-    if (auto st = launch_node(i, /*first=*/true); !st.ok()) {
+    if (auto st = launch_node(i); !st.ok()) {
       std::fprintf(stderr, "ballast launch: cannot start agent %d: %s\n", i, std::string(st.message()).c_str());
       sched.StopAll(0);
       return 1;
@@ -195,7 +200,7 @@ int LaunchCommand(const Args& args) {
       ++replacements;
       spdlog::warn("agent {} exited ({}); starting a replacement node ({}/{})", exit.name, exit.status.Describe(),
                    replacements, f.max_replacements);
-      if (auto st = launch_node(hint, /*first=*/false); !st.ok()) spdlog::error("cannot start a replacement agent: {}", std::string(st.message()));
+      if (auto st = launch_node(hint); !st.ok()) spdlog::error("cannot start a replacement agent: {}", std::string(st.message()));
     }
     if (sched.RunningNodes().empty() && !result.has_value()) {
       result = m.WaitForFinish(0.5);  // the last agent may have exited right after the job ended

@@ -42,7 +42,16 @@ int MasterCommand(const Args& args) {
   app.add_option("--last-call", opts.last_call_s, "Seconds after the last join before a round at >= MIN completes");
   app.add_option("--heartbeat-timeout", opts.heartbeat_timeout_s, "Seconds of agent silence before its node is dead");
   app.add_option("--wait-for-nodes", opts.wait_for_nodes_s, "Seconds a job below MIN nodes waits before failing");
+  app.add_flag("--network-check,--network_check", opts.precheck,
+               "Pre-flight check (matmul + allreduce in node pairs) of every node before it trains; faulty nodes "
+               "are excluded and must be replaced");
+  app.add_flag("--exclude-stragglers,--exclude_stragglers", opts.exclude_stragglers,
+               "With --network-check: also exclude nodes slower than 2x the median");
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+  if (opts.exclude_stragglers && !opts.precheck) {
+    std::fprintf(stderr, "ballast master: --exclude-stragglers needs --network-check (stragglers are found by the check)\n");
+    return kUsageExit;
+  }
 
   auto range = ParseNodeRange(nnodes, "--nnodes");
   if (!range.ok()) {

@@ -34,8 +34,16 @@ const std::vector<KindDef>& Kinds() {
        {{"node", ValueType::kInt, true, 0}}},
       {"check-slow", "the node's pre-flight check time is multiplied by factor (> 0)",
        {{"node", ValueType::kInt, true, 0}, {"factor", ValueType::kNumber, true, 0}}},
+      {"kill-agent", "the node's agent SIGKILLs itself `after` seconds after its workers first start",
+       {{"node", ValueType::kInt, true, 0}, {"after", ValueType::kNumber, true, 0}}},
   };
   return *kinds;
+}
+
+// Keys every kind takes.
+const std::vector<KeyDef>& CommonKeys() {
+  static const auto* keys = new std::vector<KeyDef>{{"incarnation", ValueType::kInt, false, 1}};
+  return *keys;
 }
 
 std::string KindNames() {
@@ -55,9 +63,22 @@ double ChaosFault::Number(const std::string& key, double fallback) const {
 
 const ChaosFault* ChaosSpec::Find(const std::string& kind, int node) const {
   for (const auto& f : faults) {
-    if (f.kind == kind && f.node == node) return &f;
+    if (f.kind == kind && f.node == node && f.incarnation == incarnation) return &f;
   }
   return nullptr;
+}
+
+absl::StatusOr<ChaosSpec> ChaosSpecFromEnv() {
+  const char* text = std::getenv(kChaosEnv);
+  absl::StatusOr<ChaosSpec> spec = ParseChaosSpec(text != nullptr ? text : "");
+  if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(kChaosEnv, ": ", spec.status().message()));
+  if (const char* inc = std::getenv(kChaosIncarnationEnv); inc != nullptr && *inc != '\0') {
+    if (!absl::SimpleAtoi(inc, &spec->incarnation) || spec->incarnation < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kChaosIncarnationEnv, "=", inc, " is not an integer >= 1 (1 is a node's first agent)"));
+    }
+  }
+  return spec;
 }
 
 std::string ChaosKindsHelp() {
@@ -67,7 +88,7 @@ std::string ChaosKindsHelp() {
     for (const auto& key : k.keys) keys.push_back(absl::StrCat(key.name, "=", key.type == ValueType::kInt ? "N" : "F"));
     parts.push_back(absl::StrCat(k.kind, ":", absl::StrJoin(keys, ",")));
   }
-  return absl::StrJoin(parts, "; ");
+  return absl::StrCat(absl::StrJoin(parts, "; "), " (each also takes incarnation=K: the K-th agent of the node)");
 }
 
 absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text) {
@@ -87,8 +108,13 @@ absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text) {
       std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(pair, absl::MaxSplits('=', 1));
       absl::string_view key = absl::StripAsciiWhitespace(p.first);
       absl::string_view value = absl::StripAsciiWhitespace(p.second);
-      auto kd = std::find_if(def->keys.begin(), def->keys.end(), [&](const KeyDef& k) { return key == k.name; });
-      if (kd == def->keys.end()) {
+      const KeyDef* kd = nullptr;
+      for (const auto* keys : {&def->keys, &CommonKeys()}) {
+        for (const KeyDef& k : *keys) {
+          if (kd == nullptr && key == k.name) kd = &k;
+        }
+      }
+      if (kd == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("chaos spec \"", text, "\": ", kind, " has no key \"", key,
                                                        "\" (usage: ", ChaosKindsHelp(), ")"));
       }
@@ -100,10 +126,14 @@ absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text) {
       if (!valid) {
         return absl::InvalidArgumentError(absl::StrCat("chaos spec \"", text, "\": ", kind, " ", key, "=", value,
                                                        " is not a valid ",
-                                                       kd->type == ValueType::kInt ? "integer >= 0" : "number > 0"));
+                                                       kd->type == ValueType::kInt
+                                                           ? absl::StrCat("integer >= ", kd->min_value)
+                                                           : std::string("number > 0")));
       }
       if (key == "node") {
         fault.node = integer;
+      } else if (key == "incarnation") {
+        fault.incarnation = integer;
       } else {
         fault.params[std::string(key)] = std::string(value);
       }

@@ -3,8 +3,14 @@
 //   "check-fail:node=1"                     node 1 fails the pre-flight check
 //   "check-slow:node=2,factor=5"            node 2's check takes 5x as long
 //   "check-fail:node=1;check-slow:node=3,factor=4"   several faults, ';'-separated
-// `ballast launch --chaos SPEC` hands the spec to its agents as BALLAST_CHAOS;
-// an agent applies the faults whose `node` is its --node-rank.
+//   "kill-agent:node=0,after=5"             node 0's agent SIGKILLs itself 5 s after
+//                                           its workers first start (a lost node)
+//   "check-fail:node=1,incarnation=2"       the first replacement of node 1 fails
+// `ballast launch --chaos SPEC` hands the spec to its agents as BALLAST_CHAOS
+// and numbers the agents of a node rank in BALLAST_CHAOS_INCARNATION (1 for
+// the first, 2 for its first replacement, ...); an agent applies the faults
+// whose `node` is its --node-rank and whose `incarnation` (default 1) is its
+// own. Every kind takes the optional incarnation key.
 //
 // New kinds are one row in the table in chaos.cc (name, allowed keys,
 // required keys); the code that injects a fault asks FindFault(kind, node).
@@ -21,10 +27,12 @@
 namespace ballast {
 
 inline constexpr char kChaosEnv[] = "BALLAST_CHAOS";
+inline constexpr char kChaosIncarnationEnv[] = "BALLAST_CHAOS_INCARNATION";
 
 struct ChaosFault {
   std::string kind;                           // e.g. "check-fail"
   int node = -1;                              // the node rank it hits
+  int incarnation = 1;                        // ... and which agent of that rank
   std::map<std::string, std::string> params;  // other key=value pairs, as given
 
   // A numeric parameter, or `fallback` when absent (parsing validated it).
@@ -33,8 +41,9 @@ struct ChaosFault {
 
 struct ChaosSpec {
   std::vector<ChaosFault> faults;
+  int incarnation = 1;  // the incarnation of the agent applying the spec
   bool empty() const { return faults.empty(); }
-  // The first fault of `kind` aimed at `node`, or nullptr.
+  // The first fault of `kind` aimed at `node` and this incarnation, or nullptr.
   const ChaosFault* Find(const std::string& kind, int node) const;
 };
 
@@ -42,6 +51,11 @@ struct ChaosSpec {
 // spec. kInvalidArgument naming the bad part for an unknown kind or key, a
 // missing required key, or a malformed value.
 absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text);
+
+// The spec of this agent: BALLAST_CHAOS parsed, incarnation from
+// BALLAST_CHAOS_INCARNATION (default 1). kInvalidArgument naming the variable
+// when either is malformed.
+absl::StatusOr<ChaosSpec> ChaosSpecFromEnv();
 
 // The known kinds, for help texts: "check-fail:node=R; check-slow:node=R,factor=F".
 std::string ChaosKindsHelp();

@@ -48,5 +48,33 @@ TEST(ChaosSpec, BadValuesAreInvalidArgument) {
   EXPECT_EQ(ParseChaosSpec("check-slow:node=1,factor=abc").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ChaosSpec, IncarnationPicksWhichAgentOfANodeIsHit) {
+  auto s = ParseChaosSpec("kill-agent:node=1,after=2.5;check-fail:node=1,incarnation=2");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_NE(s->Find("kill-agent", 1), nullptr);  // incarnation 1 by default
+  EXPECT_DOUBLE_EQ(s->Find("kill-agent", 1)->Number("after", 0), 2.5);
+  EXPECT_EQ(s->Find("check-fail", 1), nullptr);
+  s->incarnation = 2;  // the first replacement of node 1
+  EXPECT_EQ(s->Find("kill-agent", 1), nullptr);
+  EXPECT_NE(s->Find("check-fail", 1), nullptr);
+  EXPECT_EQ(ParseChaosSpec("check-fail:node=1,incarnation=0").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseChaosSpec("kill-agent:node=1").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChaosSpec, FromEnvReadsSpecAndIncarnation) {
+  setenv(kChaosEnv, "check-fail:node=0,incarnation=3", 1);
+  setenv(kChaosIncarnationEnv, "3", 1);
+  auto s = ChaosSpecFromEnv();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->incarnation, 3);
+  EXPECT_NE(s->Find("check-fail", 0), nullptr);
+  setenv(kChaosIncarnationEnv, "first", 1);
+  s = ChaosSpecFromEnv();
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(kChaosIncarnationEnv), std::string::npos);
+  unsetenv(kChaosEnv);
+  unsetenv(kChaosIncarnationEnv);
+}
+
 }  // namespace
 }  // namespace ballast

@@ -46,6 +46,9 @@ namespace ballast {
     "without progress. Never shorter than the timeout.")                                      \
   X(double, hang_dump_wait_s, 1.0,                                                             \
     "Seconds a hung worker gets to write its Python stacks (SIGUSR1) before it is killed.")   \
+  X(double, hang_settle_s, 3.0,                                                                \
+    "The master decides a hang report this long after it arrived, so the other nodes' hang "  \
+    "reports of the round arrive too and the rank outside a collective is blamed.")           \
   X(double, progress_report_interval_s, 2.0,                                                   \
     "Seconds between an agent's progress reports (min step, step time) to the master.")       \
   X(double, straggler_factor, 2.0,                                                             \

@@ -113,8 +113,43 @@ std::vector<int> Suspects(const std::vector<int>& faulty, const Groups& g1, cons
 
 }  // namespace
 
+namespace {
+
+// Stragglers among the nodes with a finite best time (faulty ones are +inf),
+// measured against the median over them and the reference times, and the
+// verdict's message.
+void JudgeStragglersAndSummarize(const std::vector<double>& best, double straggler_factor,
+                                 const std::vector<double>& reference_times, Verdict* v) {
+  const int n = static_cast<int>(best.size());
+  std::vector<double> finite;
+  for (double t : best)
+    if (std::isfinite(t)) finite.push_back(t);
+  for (double t : reference_times)
+    if (std::isfinite(t)) finite.push_back(t);
+  if (finite.empty()) {
+    v->message = absl::StrCat("pre-flight check: every node failed (", Nodes(v->faulty), ")");
+    return;
+  }
+  double median = Median(finite);
+  for (int i = 0; i < n; ++i) {
+    if (std::isfinite(best[i]) && best[i] > straggler_factor * median) v->stragglers.push_back(i);
+  }
+  if (v->faulty.empty() && v->stragglers.empty()) {
+    v->message = absl::StrCat("all ", n, " nodes passed the pre-flight check (median ", median, " s)");
+    return;
+  }
+  std::vector<std::string> parts;
+  if (!v->faulty.empty()) parts.push_back(absl::StrCat("faulty node(s) ", Nodes(v->faulty), " failed in both rounds"));
+  if (!v->stragglers.empty())
+    parts.push_back(absl::StrCat("straggler(s) ", Nodes(v->stragglers), " took more than ", straggler_factor,
+                                 "x the median ", median, " s"));
+  v->message = absl::StrCat("pre-flight check: ", absl::StrJoin(parts, "; "));
+}
+
+}  // namespace
+
 Verdict Judge(const std::vector<NodeResult>& round1, const std::vector<NodeResult>& round2,
-              double straggler_factor) {
+              double straggler_factor, const std::vector<double>& reference_times) {
   Verdict v;
   const int n = static_cast<int>(round1.size());
   bool any_failed = std::any_of(round1.begin(), round1.end(), [](const NodeResult& r) { return !r.ok; });
@@ -144,28 +179,43 @@ Verdict Judge(const std::vector<NodeResult>& round1, const std::vector<NodeResul
     for (const auto& r : round1) t1.push_back(r.time_s);
     v.suspects = Suspects(v.faulty, GroupInOrder(n), GroupFastestWithSlowest(t1));
   }
-  std::vector<double> finite;
-  for (double t : best)
-    if (std::isfinite(t)) finite.push_back(t);
-  if (!finite.empty()) {
-    double median = Median(finite);
-    for (int i = 0; i < n; ++i) {
-      if (std::isfinite(best[i]) && best[i] > straggler_factor * median) v.stragglers.push_back(i);
-    }
-    if (v.faulty.empty() && v.stragglers.empty()) {
-      v.message = absl::StrCat("all ", n, " nodes passed the pre-flight check (median ", median, " s)");
+  JudgeStragglersAndSummarize(best, straggler_factor, reference_times, &v);
+  return v;
+}
+
+Groups GroupAlone(const std::vector<int>& nodes) {
+  Groups g;
+  for (int i : nodes) g.push_back({i});
+  return g;
+}
+
+Verdict JudgeWithAloneRound(const std::vector<NodeResult>& round1, const std::vector<NodeResult>& alone,
+                            double straggler_factor, const std::vector<double>& reference_times) {
+  Verdict v;
+  const int n = static_cast<int>(round1.size());
+  std::vector<int> failed1;
+  std::vector<double> best(n, std::numeric_limits<double>::infinity());
+  for (int i = 0; i < n; ++i) {
+    if (!round1[i].ok) {
+      failed1.push_back(i);
+      if (i < static_cast<int>(alone.size()) && !alone[i].ok) v.faulty.push_back(i);
     } else {
-      std::vector<std::string> parts;
-      if (!v.faulty.empty())
-        parts.push_back(absl::StrCat("faulty node(s) ", Nodes(v.faulty), " failed in both rounds"));
-      if (!v.stragglers.empty())
-        parts.push_back(absl::StrCat("straggler(s) ", Nodes(v.stragglers), " took more than ", straggler_factor,
-                                     "x the median ", median, " s"));
-      v.message = absl::StrCat("pre-flight check: ", absl::StrJoin(parts, "; "));
+      best[i] = round1[i].time_s;
     }
-  } else {
-    v.message = absl::StrCat("pre-flight check: every node failed (", Nodes(v.faulty), ")");
   }
+  bool together = v.faulty.empty() && !failed1.empty();
+  if (together) v.faulty = failed1;
+  // A node cleared by its alone round is not timed: a check alone skips the
+  // network, so its time is not comparable.
+  JudgeStragglersAndSummarize(best, straggler_factor, reference_times, &v);
+  if (together) {
+    v.note = absl::StrCat("node(s) ", Nodes(failed1),
+                          " failed together and passed alone: the fault lies on the network path between them, "
+                          "so none of them joins");
+  } else if (!v.faulty.empty()) {
+    v.note = "a node that failed when checked alone is faulty";
+  }
+  if (!v.note.empty()) v.message = absl::StrCat(v.message, "; ", v.note);
   return v;
 }
 

@@ -54,13 +54,29 @@ struct Verdict {
   std::vector<int> stragglers;  // time > factor x median (and not faulty)
   bool all_failed = false;      // <= 3 nodes with a failure: nothing could be localized
   std::string message;          // human summary, says why
+  std::string note;             // extra explanation, also at the end of message
 };
 
 // round1/round2: per node, after ApplyGroupFailure. round2 may be empty when
 // round 1 passed everywhere (no second round is needed for faults; stragglers
-// are judged on round 1 alone).
+// are judged on round 1 alone). `reference_times` are best times of nodes
+// checked earlier (a check of joining nodes); they count toward the median
+// that stragglers are measured against.
 Verdict Judge(const std::vector<NodeResult>& round1, const std::vector<NodeResult>& round2,
-              double straggler_factor = 2.0);
+              double straggler_factor = 2.0, const std::vector<double>& reference_times = {});
+
+// A check of nodes that join a running job (the members are busy training,
+// so the joiners are checked among themselves). With 3 joiners or fewer a
+// failed group cannot be split by regrouping, so the nodes that failed round 1
+// are checked alone in round 2: GroupAlone gives one group per node.
+Groups GroupAlone(const std::vector<int>& nodes);
+
+// Verdict of such a check: a node that failed alone is faulty. When every node
+// that failed round 1 passed alone, the fault lies between them (the network
+// path), and all of them are faulty: none of them may join. round1/alone as in
+// Judge (alone holds results only for the nodes that ran alone).
+Verdict JudgeWithAloneRound(const std::vector<NodeResult>& round1, const std::vector<NodeResult>& alone,
+                            double straggler_factor, const std::vector<double>& reference_times);
 
 // Round 3 groups: each suspect with its own healthy node (not faulty, not a
 // suspect), fastest healthy first. Suspects left without a healthy partner

@@ -101,5 +101,32 @@ TEST(PrecheckJudge, AllPass) {
   EXPECT_THAT(v.message, HasSubstr("all 4 nodes passed"));
 }
 
+TEST(PrecheckJudge, ReferenceTimesSetTheMedianForJoiners) {
+  // One joiner alone: 2.5 s is no straggler on its own, but the members
+  // checked earlier took about 1 s.
+  EXPECT_TRUE(Judge(Results({2.5}), {}, 2.0).stragglers.empty());
+  Verdict v = Judge(Results({2.5}), {}, 2.0, {1.0, 1.1, 0.9});
+  EXPECT_THAT(v.stragglers, ElementsAre(0));
+}
+
+TEST(PrecheckJudge, JoinersCheckedAloneFindTheOneThatFailsAlone) {
+  auto raw = Results({1.0, 1.1});
+  raw[1] = NodeResult{};
+  auto r1 = ApplyGroupFailure(GroupInOrder(2), raw);  // both failed together
+  EXPECT_EQ(GroupAlone({0, 1}), (Groups{{0}, {1}}));
+  auto alone = ApplyGroupFailure(GroupAlone({0, 1}), raw);
+  Verdict v = JudgeWithAloneRound(r1, alone, 2.0, {1.0});
+  EXPECT_THAT(v.faulty, ElementsAre(1));
+  EXPECT_FALSE(v.all_failed);
+}
+
+TEST(PrecheckJudge, JoinersFailingOnlyTogetherAreAllFaulty) {
+  std::vector<NodeResult> r1(2);                   // the pair failed
+  std::vector<NodeResult> alone = Results({1.0, 1.0});  // each passed alone
+  Verdict v = JudgeWithAloneRound(r1, alone, 2.0, {});
+  EXPECT_THAT(v.faulty, ElementsAre(0, 1));
+  EXPECT_THAT(v.message, HasSubstr("network path between them"));
+}
+
 }  // namespace
 }  // namespace ballast::health

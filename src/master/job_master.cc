@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -190,6 +191,10 @@ bool JobMaster::IsMember(const std::string& node_id) const {
 // ---------------------------------------------------------------------------
 // Decisions.
 
+const char* const JobMaster::kAwaitingCheckReason =
+    "joining a running job: this node waits for its pre-flight check, which runs while the job trains "
+    "(--network-check)";
+
 void JobMaster::Push(const std::string& node_id, v1::Decision d) {
   auto it = outboxes_.find(node_id);
   if (it == outboxes_.end()) return;
@@ -276,7 +281,13 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
     }
     Push(m.node_id, std::move(d));
   }
-  for (const auto& id : world.surplus) PushWait(id, SurplusReason());
+  for (const auto& id : world.surplus) {
+    if (Admissible(id)) {
+      PushWait(id, SurplusReason());
+    } else if (!InRunningCheck(id)) {  // a Wait must not replace its RunCheck
+      PushWait(id, kAwaitingCheckReason);
+    }
+  }
 }
 
 void JobMaster::Evaluate(double now) {
@@ -300,10 +311,12 @@ void JobMaster::Evaluate(double now) {
     }
     return;
   }
-  // Running: scale up once late joiners make a bigger valid world. Not once a
+  // Running: joiners are checked first (with the pre-flight check on); scale
+  // up once admissible late joiners make a bigger valid world. Not once a
   // member finished: restarting the round would redo finished training.
-  if (done_.empty() && rdzv_.UsableNodes() > world_.num_nodes() && rdzv_.Ready(now)) {
-    std::optional<World> world = rdzv_.Form();
+  if (JoinerCheckGate(now)) return;
+  if (done_.empty() && AdmissibleWorldNodes() > world_.num_nodes() && rdzv_.Ready(now)) {
+    std::optional<World> world = FormAdmissible();
     if (world.has_value()) {
       StartRound(*world, /*is_restart=*/false,
                  absl::StrCat("scale up from ", world_.num_nodes(), " to ", world->num_nodes(),
@@ -371,7 +384,7 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
           : absl::StrCat("after nodes ", absl::StrJoin(gone, ", "), " were lost (", reason, ")");
   // Recovery speed matters: no last call when the rest still makes a world.
   // The membership change does not use up a restart.
-  if (std::optional<World> world = rdzv_.Form(); world.has_value()) {
+  if (std::optional<World> world = FormAdmissible(); world.has_value()) {
     StartRound(*world, /*is_restart=*/false,
                absl::StrCat("scale down to ", world->num_nodes(), " nodes ", context));
     return;
@@ -479,7 +492,9 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
                  spec.node_rank_hint, rdzv_.size());
     if (state_ == JobState::kRendezvous) {
       PushWait(n.node_id(), RendezvousWaitReason(now));
-    } else if (done_.empty() && rdzv_.UsableNodes() > world_.num_nodes()) {
+    } else if (!Admissible(n.node_id())) {
+      PushWait(n.node_id(), kAwaitingCheckReason);
+    } else if (done_.empty() && AdmissibleWorldNodes() > world_.num_nodes()) {
       PushWait(n.node_id(),
                absl::StrCat("joining: a new round with ", rdzv_.UsableNodes(),
                             " nodes starts after the last call (",
@@ -549,10 +564,10 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
   }
   // With one node in the round no other node's loss can be behind the
   // failure: decide at once.
-  bool settle = options_.failure_settle_s > 0 && world_.members.size() > 1;
-  if (settle || DisconnectedMember(report.node_id()).has_value()) {
+  const double settle_s = SettleSeconds(report);
+  if (settle_s > 0 || DisconnectedMember(report.node_id()).has_value()) {
     spdlog::info("job={} node={} round={} failure report held for {:.2f} s{}: {}", options_.job_id,
-                 report.node_id(), report.round(), options_.failure_settle_s,
+                 report.node_id(), report.round(), settle_s,
                  DisconnectedMember(report.node_id()).has_value()
                      ? " and until disconnected nodes are back or lost"
                      : "",
@@ -590,15 +605,59 @@ void JobMaster::DecidePendingFailures(double now) {
   });
   if (pending_failures_.empty()) return;
   const PendingFailure& first = pending_failures_.front();
-  if (world_.members.size() > 1 && now - first.reported_at < options_.failure_settle_s) return;
+  double settle_s = 0;
+  for (const auto& p : pending_failures_) settle_s = std::max(settle_s, SettleSeconds(p.report));
+  if (now - first.reported_at < settle_s) return;
   if (DisconnectedMember(first.report.node_id()).has_value()) return;  // back or lost first
   std::vector<PendingFailure> ready;
   ready.swap(pending_failures_);
+  OrderHangReports(&ready);
   // The policy acts on the first report of the round and logs the rest.
   for (const auto& p : ready) {
     if (p.report.round() != round_ || finished()) break;
     HandleFailure(p.report, p.host);
   }
+}
+
+double JobMaster::SettleSeconds(const v1::FailureReport& report) const {
+  if (world_.members.size() <= 1) return 0;
+  double s = options_.failure_settle_s;
+  if (report.kind() == "hang") s = std::max(s, options_.hang_settle_s);
+  return s;
+}
+
+void JobMaster::OrderHangReports(std::vector<PendingFailure>* reports) const {
+  // Hangs first (a crash in the same window follows from the hung worker
+  // being killed), blamed in order: outside a collective, lowest step,
+  // longest without progress.
+  auto key = [](const PendingFailure& p) {
+    const v1::FailureReport& r = p.report;
+    bool hang = r.kind() == "hang";
+    bool victim = !r.hang_stack_found() || r.hang_in_collective();
+    return std::make_tuple(hang ? 0 : 1, hang && victim ? 1 : 0, hang ? r.hang_last_step() : 0,
+                           hang ? -r.hang_idle_s() : 0.0);
+  };
+  std::stable_sort(reports->begin(), reports->end(),
+                   [&](const PendingFailure& a, const PendingFailure& b) { return key(a) < key(b); });
+  if (reports->empty() || reports->front().report.kind() != "hang") return;
+  std::vector<std::string> others;
+  for (size_t i = 1; i < reports->size(); ++i) {
+    const v1::FailureReport& r = (*reports)[i].report;
+    if (r.kind() != "hang") continue;
+    others.push_back(absl::StrCat("rank ", r.global_rank(), " on node ", r.node_id(), " (",
+                                  r.hang_stack_found()
+                                      ? (r.hang_in_collective() ? absl::StrCat("waiting in a collective at ", r.hang_top_frame())
+                                                                : absl::StrCat("at ", r.hang_top_frame()))
+                                      : std::string("no stack"),
+                                  ")"));
+  }
+  if (others.empty()) return;
+  v1::FailureReport& blamed = reports->front().report;
+  spdlog::warn("job={} round={} {} nodes hung together; blaming rank {} on node {}{}; also hung: {}", options_.job_id,
+               round_, others.size() + 1, blamed.global_rank(), blamed.node_id(),
+               blamed.hang_stack_found() && !blamed.hang_in_collective() ? " (outside any collective)" : "",
+               absl::StrJoin(others, "; "));
+  blamed.set_stderr_tail(absl::StrCat(blamed.stderr_tail(), "; also hung, waiting for it: ", absl::StrJoin(others, "; ")));
 }
 
 void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host) {
@@ -631,8 +690,8 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
     if (nodes_.IsAlive(m.node_id)) members.push_back(m.node_id);
   }
   std::optional<World> world;
-  if (rdzv_.UsableNodes() > rdzv_.RoundedNodes(static_cast<int>(members.size()))) {
-    world = rdzv_.Form();
+  if (AdmissibleWorldNodes() > rdzv_.RoundedNodes(static_cast<int>(members.size()))) {
+    world = FormAdmissible();
   } else {
     world = rdzv_.FormFrom(members);
   }

@@ -73,6 +73,10 @@ struct JobMasterOptions {
   // waits until that node is back or lost: a worker failure caused by a lost
   // node is then a membership change, not a restart.
   double failure_settle_s = 0.0;
+  // A hang report is held at least this long (with more than one member), so
+  // the hang reports of other nodes arrive and the right rank is blamed
+  // (OrderHangReports).
+  double hang_settle_s = 0.0;
   // A member whose step time (progress reports) exceeds this factor times the
   // median over the round's reporting members is a straggler (Status()); <= 0: off.
   double straggler_factor = 2.0;
@@ -173,6 +177,7 @@ class JobMaster {
   using LostList = std::vector<std::pair<std::string, std::string>>;  // (node, reason)
 
   static const char* JobStateName(JobState s);
+  static const char* const kAwaitingCheckReason;  // Wait reason of an unchecked joiner
   bool finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return state_ == JobState::kSucceeded || state_ == JobState::kFailed;
   }
@@ -206,6 +211,13 @@ class JobMaster {
   // A member of the round other than `except` whose Watch stream is closed.
   std::optional<std::string> DisconnectedMember(const std::string& except) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How long a failure report is held before it is decided (0: at once).
+  double SettleSeconds(const v1::FailureReport& report) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct PendingFailure;
+  // Puts the report to blame first among reports decided together: hangs
+  // before crashes, the hung rank outside a collective before those waiting
+  // in one; the blamed report's tail names the other hung ranks.
+  void OrderHangReports(std::vector<PendingFailure>* reports) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides held failure reports whose settle time passed (see
   // failure_settle_s); drops those a node loss made stale.
   void DecidePendingFailures(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,6 +231,23 @@ class JobMaster {
   // Advances a running check whose round is complete; acts on its verdict.
   void DrivePrecheck(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While the job runs: drives a check of joining nodes, or starts one for
+  // participants that are not members and not checked yet (after the last
+  // call, so a burst of joins is checked at once). Returns true while a check
+  // runs: scaling up waits for it.
+  bool JoinerCheckGate(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a running pre-flight check includes the node.
+  bool InRunningCheck(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a running check when one of its nodes left the rendezvous.
+  void AbortCheckIfNodeLeft() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a participant may be placed in a round: always without the
+  // pre-flight check, else once it passed one.
+  bool Admissible(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The admissible participants, and the world (or its size) they make while
+  // the job runs. A round that forms during rendezvous follows the check gate.
+  std::vector<std::string> AdmissibleNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int AdmissibleWorldNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<World> FormAdmissible() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a node out of the job for good: Excluded decision, out of the
   // rendezvous, its re-joins refused.
   void ExcludeNode(const std::string& node_id, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -274,6 +303,7 @@ class JobMaster {
     bool exclude_stragglers = false;
     PrecheckCoordinator coordinator;
     std::set<std::string> passed;                  // nodes that passed a check
+    std::map<std::string, double> best_times;      // their check times (straggler reference)
     std::map<std::string, std::string> excluded;   // node id -> why
     std::string verdict;                           // the last verdict, for status
   };

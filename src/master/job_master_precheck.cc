@@ -33,19 +33,83 @@ absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& result) {
   return absl::OkStatus();
 }
 
+bool JobMaster::Admissible(const std::string& node_id) const {
+  return !precheck_.enabled || precheck_.passed.count(node_id) > 0;
+}
+
+std::vector<std::string> JobMaster::AdmissibleNodes() const {
+  std::vector<std::string> out;
+  for (const NodeSpec& spec : rdzv_.Ordered()) {
+    if (Admissible(spec.node_id)) out.push_back(spec.node_id);
+  }
+  return out;
+}
+
+int JobMaster::AdmissibleWorldNodes() const {
+  return rdzv_.RoundedNodes(static_cast<int>(AdmissibleNodes().size()));
+}
+
+std::optional<World> JobMaster::FormAdmissible() const { return rdzv_.FormFrom(AdmissibleNodes()); }
+
+bool JobMaster::InRunningCheck(const std::string& node_id) const {
+  const PrecheckCoordinator& c = precheck_.coordinator;
+  return c.active() && std::any_of(c.nodes().begin(), c.nodes().end(),
+                                   [&](const PrecheckNode& n) { return n.node_id == node_id; });
+}
+
+void JobMaster::AbortCheckIfNodeLeft() {
+  PrecheckCoordinator& c = precheck_.coordinator;
+  if (!c.active()) return;
+  for (const auto& n : c.nodes()) {
+    if (!rdzv_.Contains(n.node_id)) {
+      spdlog::warn("job={} node={} pre-flight check aborted: the node left; the check starts over",
+                   options_.job_id, n.node_id);
+      c.Abort();
+      return;
+    }
+  }
+}
+
+bool JobMaster::JoinerCheckGate(double now) {
+  if (!precheck_.enabled) return false;
+  PrecheckCoordinator& c = precheck_.coordinator;
+  AbortCheckIfNodeLeft();
+  if (c.active()) {
+    if (c.RoundComplete(now)) DrivePrecheck(now);
+    if (c.active() || finished()) return true;
+  }
+  std::vector<PrecheckNode> joiners;
+  for (const NodeSpec& spec : rdzv_.Ordered()) {
+    if (!IsMember(spec.node_id) && !Admissible(spec.node_id)) {
+      joiners.push_back({spec.node_id, spec.local_world_size});
+    }
+  }
+  if (joiners.empty()) return false;
+  // A burst of joins (several replacements) is checked together.
+  if (now < rdzv_.last_join_time() + options_.last_call_s) return true;
+  std::vector<double> reference;
+  for (const auto& m : world_.members) {
+    if (auto it = precheck_.best_times.find(m.node_id); it != precheck_.best_times.end()) {
+      reference.push_back(it->second);
+    }
+  }
+  std::vector<std::string> ids;
+  for (const auto& j : joiners) ids.push_back(j.node_id);
+  CheckDecisions decisions = c.Begin(std::move(joiners), now, /*joiners=*/true, std::move(reference));
+  spdlog::info("job={} round={} pre-flight check of {} joining node(s) ({}) while the job trains", options_.job_id,
+               round_, ids.size(), absl::StrJoin(ids, ", "));
+  for (auto& [id, rc] : decisions) {
+    v1::Decision d;
+    *d.mutable_run_check() = std::move(rc);
+    Push(id, std::move(d));
+  }
+  return true;
+}
+
 bool JobMaster::PrecheckGate(double now) {
   if (!precheck_.enabled) return false;
   PrecheckCoordinator& c = precheck_.coordinator;
-  if (c.active()) {
-    for (const auto& n : c.nodes()) {
-      if (!rdzv_.Contains(n.node_id)) {
-        spdlog::warn("job={} node={} pre-flight check aborted: the node left; the check starts over",
-                     options_.job_id, n.node_id);
-        c.Abort();
-        break;
-      }
-    }
-  }
+  AbortCheckIfNodeLeft();
   if (c.active()) {
     if (c.RoundComplete(now)) DrivePrecheck(now);
     if (c.active() || finished()) return true;
@@ -90,6 +154,7 @@ void JobMaster::DrivePrecheck(double now) {
 void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reason) {
   precheck_.excluded[node_id] = reason;
   precheck_.passed.erase(node_id);
+  precheck_.best_times.erase(node_id);
   rdzv_.Remove(node_id);
   if (NodeRecord* rec = nodes_.Find(node_id); rec != nullptr) {
     rec->state = NodeState::kWaiting;
@@ -128,10 +193,18 @@ void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now)
   for (const auto& id : outcome.nodes) {
     if (precheck_.excluded.count(id) == 0) precheck_.passed.insert(id);
   }
+  for (const auto& [id, t] : outcome.best_times) precheck_.best_times[id] = t;
   if (v.faulty.empty() && v.stragglers.empty()) {
     spdlog::info("job={} {}", options_.job_id, v.message);
   } else {
     spdlog::warn("job={} {}", options_.job_id, v.message);
+  }
+  if (state_ == JobState::kRunning) {
+    // Joiners that passed wait as surplus unless Evaluate scales up next.
+    for (const auto& id : outcome.nodes) {
+      if (Admissible(id) && !IsMember(id)) PushWait(id, SurplusReason());
+    }
+    return;
   }
   message_ = v.message;
   if (!rdzv_.Ready(now)) {

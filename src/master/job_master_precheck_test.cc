@@ -13,10 +13,10 @@ namespace {
 
 class JobMasterPrecheckTest : public ::testing::Test {
  protected:
-  void Make(int nodes) {
+  void Make(int nodes, int min_nodes = -1) {
     JobMasterOptions o;
     o.job_id = "job1";
-    o.min_nodes = nodes;
+    o.min_nodes = min_nodes > 0 ? min_nodes : nodes;
     o.max_nodes = nodes;
     o.last_call_s = 2.0;
     o.clock = &clock_;
@@ -97,6 +97,73 @@ TEST_F(JobMasterPrecheckTest, ThreeNodesWithAFailureFailTheJob) {
   ASSERT_TRUE(outcome.has_value());
   EXPECT_FALSE(outcome->succeeded);
   EXPECT_NE(outcome->message.find("cannot be localized"), std::string::npos) << outcome->message;
+}
+
+// A node that joins a running job is checked (alone: the members are busy)
+// while training goes on; a failing joiner is excluded without touching the
+// round, a passing one scales the job up. A restart in place meanwhile keeps
+// the unchecked joiner out.
+TEST_F(JobMasterPrecheckTest, JoinerIsCheckedWhileTheJobTrains) {
+  Make(2, /*min_nodes=*/1);
+  ASSERT_TRUE(Join("a", 0).ok());
+  ASSERT_TRUE(Join("b", 1).ok());
+  AnswerChecks({"a", "b"}, "");
+  ASSERT_EQ(jm_->Status().round(), 1);
+  v1::LeaveRequest leave;
+  leave.set_node_id("b");
+  leave.set_reason("node lost");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  ASSERT_EQ(jm_->Status().round(), 2);  // scaled down to a alone
+  Last("a");
+
+  ASSERT_TRUE(Join("c", 1).ok());
+  auto wait = Last("c");
+  ASSERT_TRUE(wait.has_value() && wait->has_wait());
+  EXPECT_NE(wait->wait().reason().find("pre-flight check"), std::string::npos) << wait->wait().reason();
+  jm_->Tick();  // within the last call: no check yet
+  EXPECT_FALSE(Last("c").has_value());
+  clock_.Advance(2.5);
+  jm_->Tick();
+  auto check = Last("c");
+  ASSERT_TRUE(check.has_value() && check->has_run_check());
+  EXPECT_EQ(check->run_check().world_size(), 1);  // alone
+  EXPECT_FALSE(Last("a").has_value());             // the member keeps training
+  v1::CheckResult bad;
+  bad.set_node_id("c");
+  bad.set_check_id(check->run_check().check_id());
+  bad.set_ok(false);
+  bad.set_error("exit code 1");
+  ASSERT_TRUE(jm_->ReportCheckResult(bad).ok());
+  auto excluded = Last("c");
+  ASSERT_TRUE(excluded.has_value() && excluded->has_excluded());
+  EXPECT_EQ(jm_->Status().round(), 2);
+  EXPECT_FALSE(Last("a").has_value());
+
+  ASSERT_TRUE(Join("d", 1).ok());
+  clock_.Advance(2.5);
+  jm_->Tick();
+  auto check_d = Last("d");
+  ASSERT_TRUE(check_d.has_value() && check_d->has_run_check());
+  // a's worker fails meanwhile: the restart in place does not take d.
+  v1::FailureReport f;
+  f.set_node_id("a");
+  f.set_round(2);
+  f.set_exit_code(1);
+  ASSERT_TRUE(jm_->ReportFailure(f).ok());
+  ASSERT_EQ(jm_->Status().round(), 3);
+  EXPECT_EQ(jm_->Status().world_size(), 1);
+  v1::CheckResult good;
+  good.set_node_id("d");
+  good.set_check_id(check_d->run_check().check_id());
+  good.set_ok(true);
+  good.set_time_s(0.01);
+  ASSERT_TRUE(jm_->ReportCheckResult(good).ok());
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 4);  // scaled up with d
+  EXPECT_EQ(st.world_size(), 2);
+  EXPECT_NE(st.precheck().find("all 1 joining node(s) passed"), std::string::npos) << st.precheck();
+  auto start = Last("d");
+  ASSERT_TRUE(start.has_value() && start->has_start_round());
 }
 
 }  // namespace

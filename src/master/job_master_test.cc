@@ -436,6 +436,50 @@ TEST_F(JobMasterTest, FailureSettleDelaysTheDecision) {
   EXPECT_EQ(d.start_round().restart_count(), 1);
 }
 
+// Two nodes hang together (one rank sleeps, the other waits for it in the
+// allreduce): the hang report of the rank outside a collective is blamed even
+// though the waiting rank's agent reported first; a crash report that follows
+// the kill comes after both.
+TEST_F(JobMasterTest, HangOutsideACollectiveIsBlamedOverTheRankWaitingForIt) {
+  auto o = Options(3, 3);
+  o.failure_settle_s = 0.1;
+  o.hang_settle_s = 3.0;
+  Make(o);
+  Add("a");
+  Add("b");
+  Add("c");
+  for (const char* id : {"a", "b", "c"}) Drain(id);
+  auto hang = [](const std::string& id, int rank, bool in_collective, const std::string& frame) {
+    v1::FailureReport r;
+    r.set_node_id(id);
+    r.set_round(1);
+    r.set_global_rank(rank);
+    r.set_signal(9);
+    r.set_kind("hang");
+    r.set_cause("hung (no progress)");
+    r.set_max_retries(-1);  // as the agent classifies a hang
+    r.set_stderr_tail("no progress for 3 s");
+    r.set_hang_last_step(5);
+    r.set_hang_idle_s(3.0);
+    r.set_hang_stack_found(true);
+    r.set_hang_in_collective(in_collective);
+    r.set_hang_top_frame(frame);
+    return r;
+  };
+  ASSERT_TRUE(jm_->ReportFailure(hang("a", 0, true, "torch/autograd/__init__.py:197 in backward")).ok());
+  ASSERT_TRUE(Fail("c", 1, 2, 1).ok());  // gloo: connection closed by peer
+  Advance(1.0);
+  EXPECT_TRUE(Drain("a").empty()) << "a hang report waits for the other nodes' reports";
+  ASSERT_TRUE(jm_->ReportFailure(hang("b", 1, false, "train.py:10 in <module>")).ok());
+  Advance(2.5);
+  v1::JobStatus st = jm_->Status();
+  ASSERT_EQ(st.round(), 2);
+  EXPECT_EQ(st.restart_count(), 1);
+  EXPECT_EQ(st.last_failure().node_id(), "b");
+  EXPECT_EQ(st.last_failure().global_rank(), 1);
+  EXPECT_THAT(st.last_failure().stderr_tail(), HasSubstr("rank 0 on node a (waiting in a collective at torch/autograd"));
+}
+
 TEST_F(JobMasterTest, ScaleDownOnHeartbeatTimeoutStartsNewRoundAtOnce) {
   Make(Options(2, 3));
   Add("a");

@@ -75,7 +75,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
       options.wait_for_nodes_s >= 0 ? options.wait_for_nodes_s : tunables.wait_for_nodes_s;
   jo.disconnect_grace_s = tunables.disconnect_grace_s;
   jo.failure_settle_s = tunables.failure_settle_s;
+  jo.hang_settle_s = tunables.hang_settle_s;
   jo.straggler_factor = tunables.straggler_factor;
+  jo.precheck = options.precheck;
+  jo.exclude_stragglers = options.exclude_stragglers;
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
   RETURN_IF_ERROR(ValidateJobMasterOptions(jo));
@@ -118,10 +121,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
     while (!stop->WaitForNotificationWithTimeout(kTickInterval)) job->Tick();
   });
   spdlog::info("job={} master listening on {} (agents reach it at {}); --nnodes {}:{} node unit "
-               "{} max restarts {} last call {} s heartbeat {}/{} s wait for nodes {} s",
+               "{} max restarts {} last call {} s heartbeat {}/{} s wait for nodes {} s{}",
                impl.job_id, HostPort(options.bind_host, impl.port), impl.address, jo.min_nodes,
                jo.max_nodes, jo.node_unit, jo.max_restarts, jo.last_call_s,
-               jo.heartbeat_interval_s, jo.heartbeat_timeout_s, jo.wait_for_nodes_s);
+               jo.heartbeat_interval_s, jo.heartbeat_timeout_s, jo.wait_for_nodes_s,
+               jo.precheck ? (jo.exclude_stragglers ? " pre-flight check on (stragglers excluded)" : " pre-flight check on")
+                           : "");
   return server;
 }
 

@@ -34,6 +34,11 @@ struct MasterOptions {
   double heartbeat_interval_s = -1;
   double heartbeat_timeout_s = -1;
   double wait_for_nodes_s = -1;
+  // Pre-flight check of every node before it trains (an agent joining with
+  // --network-check turns it on too); stragglers in it are replaced, not
+  // just reported, with exclude_stragglers.
+  bool precheck = false;
+  bool exclude_stragglers = false;
   ClockInterface* clock = nullptr;  // nullptr: SteadyClock
   // Called (outside the master's lock) when a node dies or leaves, with its id
   // and the reason. The scheduler seam hooks in here.

@@ -44,9 +44,13 @@ PrecheckOptions PrecheckOptions::FromEnv() {
 
 PrecheckCoordinator::PrecheckCoordinator(PrecheckOptions options) : options_(options) {}
 
-CheckDecisions PrecheckCoordinator::Begin(std::vector<PrecheckNode> nodes, double now) {
+CheckDecisions PrecheckCoordinator::Begin(std::vector<PrecheckNode> nodes, double now, bool joiners,
+                                          std::vector<double> reference_times) {
   nodes_ = std::move(nodes);
   active_ = true;
+  joiners_ = joiners;
+  alone_round_ = false;
+  reference_ = std::move(reference_times);
   round_ = 0;
   r1_.clear();
   r2_.clear();
@@ -120,6 +124,7 @@ PrecheckOutcome PrecheckCoordinator::MakeOutcome(const health::Verdict& verdict)
   PrecheckOutcome o;
   o.verdict = verdict;
   o.errors = errors_;
+  o.joiners = joiners_;
   for (const auto& n : nodes_) o.nodes.push_back(n.node_id);
   for (int i : verdict.faulty) o.faulty.push_back(nodes_[i].node_id);
   if (verdict.all_failed) return o;  // Judge's message says why
@@ -132,7 +137,12 @@ PrecheckOutcome PrecheckCoordinator::MakeOutcome(const health::Verdict& verdict)
     }
   }
   std::vector<double> finite;
-  for (double t : best) {
+  for (int i = 0; i < n; ++i) {
+    if (!std::isfinite(best[i])) continue;
+    finite.push_back(best[i]);
+    o.best_times[nodes_[i].node_id] = best[i];
+  }
+  for (double t : reference_) {
     if (std::isfinite(t)) finite.push_back(t);
   }
   std::sort(finite.begin(), finite.end());
@@ -159,9 +169,11 @@ PrecheckOutcome PrecheckCoordinator::MakeOutcome(const health::Verdict& verdict)
     parts.push_back(absl::StrCat("straggler(s) ", absl::StrJoin(slow_text, ", "), " took more than ",
                                  options_.straggler_factor, "x the median ", absl::SixDigits(median), " s"));
   }
+  const std::string what = joiners_ ? absl::StrCat(n, " joining node(s)") : absl::StrCat(n, " nodes");
   o.verdict.message =
-      parts.empty() ? absl::StrCat("all ", n, " nodes passed the pre-flight check (median ", absl::SixDigits(median), " s)")
-                    : absl::StrCat("pre-flight check of ", n, " nodes: ", absl::StrJoin(parts, "; "));
+      parts.empty() ? absl::StrCat("all ", what, " passed the pre-flight check (median ", absl::SixDigits(median), " s)")
+                    : absl::StrCat("pre-flight check of ", what, ": ", absl::StrJoin(parts, "; "));
+  if (!verdict.note.empty()) absl::StrAppend(&o.verdict.message, "; ", verdict.note);
   return o;
 }
 
@@ -179,9 +191,25 @@ PrecheckCoordinator::Step PrecheckCoordinator::Advance(double now) {
   if (round_ == 1) {
     r1_ = applied;
     bool all_ok = std::all_of(r1_.begin(), r1_.end(), [](const health::NodeResult& r) { return r.ok; });
+    if (!all_ok && joiners_ && n <= 3) {
+      // Joiners: a failure is localized by checking each failed node alone
+      // (one joiner already ran alone).
+      std::vector<int> failed;
+      for (int i = 0; i < n; ++i) {
+        if (!r1_[i].ok) failed.push_back(i);
+      }
+      if (n == 1) {
+        active_ = false;
+        step.outcome = MakeOutcome(health::JudgeWithAloneRound(r1_, r1_, options_.straggler_factor, reference_));
+        return step;
+      }
+      alone_round_ = true;
+      step.next = StartRound(health::GroupAlone(failed), now);
+      return step;
+    }
     if (all_ok || n <= 3) {
       active_ = false;
-      step.outcome = MakeOutcome(health::Judge(r1_, {}, options_.straggler_factor));
+      step.outcome = MakeOutcome(health::Judge(r1_, {}, options_.straggler_factor, reference_));
       return step;
     }
     std::vector<double> times;
@@ -189,9 +217,15 @@ PrecheckCoordinator::Step PrecheckCoordinator::Advance(double now) {
     step.next = StartRound(health::GroupFastestWithSlowest(times), now);
     return step;
   }
+  if (round_ == 2 && alone_round_) {
+    r2_ = applied;
+    active_ = false;
+    step.outcome = MakeOutcome(health::JudgeWithAloneRound(r1_, r2_, options_.straggler_factor, reference_));
+    return step;
+  }
   if (round_ == 2) {
     r2_ = applied;
-    verdict2_ = health::Judge(r1_, r2_, options_.straggler_factor);
+    verdict2_ = health::Judge(r1_, r2_, options_.straggler_factor, reference_);
     if (!verdict2_.suspects.empty()) {
       std::vector<double> best(n, std::numeric_limits<double>::infinity());
       for (int i = 0; i < n; ++i) {

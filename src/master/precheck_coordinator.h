@@ -4,6 +4,12 @@
 //   round 2: the fastest with the slowest (only after a failure, >= 4 nodes);
 //   round 3: each suspect with a healthy node (only when round 2 left two
 //            nodes that failed together twice).
+// A check of nodes that join a running job (`joiners`) runs among the joiners
+// only, since the members are training; their times are judged against the
+// members' earlier check times too (`reference_times`). With 3 joiners or
+// fewer a failure is localized by checking the failed ones alone in round 2
+// (health::JudgeWithAloneRound) instead of failing everyone; one joiner is
+// checked alone from the start.
 // Each round hands out one v1::RunCheck per node (its group's small world),
 // collects one v1::CheckResult per node (a node silent past the deadline
 // failed), applies group failure, and moves on. The JobMaster owns it, feeds
@@ -61,6 +67,8 @@ struct PrecheckOutcome {
   std::vector<std::string> faulty;      // verdict.faulty as node ids
   std::vector<std::string> stragglers;  // verdict.stragglers as node ids
   std::map<std::string, std::string> errors;  // node id -> first error it reported
+  std::map<std::string, double> best_times;   // node id -> best passing time
+  bool joiners = false;                       // a check of joining nodes
 };
 
 using CheckDecisions = std::vector<std::pair<std::string, v1::RunCheck>>;
@@ -75,8 +83,12 @@ class PrecheckCoordinator {
   const PrecheckOptions& options() const { return options_; }
 
   // Starts a check of `nodes` (rank order, >= 1) at `now`; returns round 1's
-  // RunCheck decisions. Replaces a running check.
-  CheckDecisions Begin(std::vector<PrecheckNode> nodes, double now);
+  // RunCheck decisions. Replaces a running check. `joiners`: the nodes join a
+  // running job (see above); `reference_times`: best times of nodes checked
+  // before, for the straggler median.
+  CheckDecisions Begin(std::vector<PrecheckNode> nodes, double now, bool joiners = false,
+                       std::vector<double> reference_times = {});
+  bool joiners() const { return joiners_; }
   // Records one node's result: kAborted for another check_id than the current
   // round's (stale), kFailedPrecondition for a node not in this round.
   absl::Status Record(const v1::CheckResult& result);
@@ -98,6 +110,9 @@ class PrecheckCoordinator {
 
   PrecheckOptions options_;
   bool active_ = false;
+  bool joiners_ = false;
+  bool alone_round_ = false;  // round 2 checks round 1's failed joiners alone
+  std::vector<double> reference_;
   int64_t next_check_id_ = 1;
   int64_t check_id_ = 0;  // the running round's id
   int round_ = 0;         // 1..3 within the check

@@ -90,5 +90,46 @@ TEST(PrecheckCoordinator, SilentNodeFailsAtTheDeadlineAndStaleResultsAreAborted)
   EXPECT_NE(s.outcome->errors.at("n1").find("no result"), std::string::npos);
 }
 
+TEST(PrecheckCoordinator, OneJoinerIsCheckedAloneAndAFailureIsItsOwn) {
+  PrecheckCoordinator c;
+  CheckDecisions d = c.Begin(Nodes(1), 0, /*joiners=*/true, {1.0, 1.0});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].second.world_size(), 1);
+  Answer(c, d, {"n0"});
+  auto s = c.Advance(0);
+  ASSERT_TRUE(s.outcome.has_value());
+  EXPECT_FALSE(s.outcome->verdict.all_failed);
+  EXPECT_EQ(s.outcome->faulty, std::vector<std::string>{"n0"});
+  EXPECT_TRUE(s.outcome->joiners);
+}
+
+TEST(PrecheckCoordinator, TwoJoinersFailedPairIsSplitByCheckingAlone) {
+  PrecheckCoordinator c;
+  CheckDecisions d1 = c.Begin(Nodes(2), 0, /*joiners=*/true, {});
+  Answer(c, d1, {"n1"});
+  auto s1 = c.Advance(0);
+  ASSERT_FALSE(s1.outcome.has_value());
+  ASSERT_EQ(s1.next.size(), 2u);  // both failed as a pair; each runs alone
+  for (const auto& [id, rc] : s1.next) EXPECT_EQ(rc.world_size(), 1) << id;
+  Answer(c, s1.next, {"n1"});
+  auto s2 = c.Advance(0);
+  ASSERT_TRUE(s2.outcome.has_value());
+  EXPECT_EQ(s2.outcome->faulty, std::vector<std::string>{"n1"});
+  EXPECT_NE(s2.outcome->verdict.message.find("failed when checked alone"), std::string::npos)
+      << s2.outcome->verdict.message;
+}
+
+TEST(PrecheckCoordinator, JoinerPassingIsTimedAgainstTheMembers) {
+  PrecheckCoordinator c;
+  CheckDecisions d = c.Begin(Nodes(1), 0, /*joiners=*/true, {0.2, 0.2, 0.2});
+  Answer(c, d, {});  // 1.0 s against members' 0.2 s
+  auto s = c.Advance(0);
+  ASSERT_TRUE(s.outcome.has_value());
+  EXPECT_TRUE(s.outcome->faulty.empty());
+  EXPECT_EQ(s.outcome->stragglers, std::vector<std::string>{"n0"});
+  EXPECT_DOUBLE_EQ(s.outcome->best_times.at("n0"), 1.0);
+  EXPECT_NE(s.outcome->verdict.message.find("1 joining node(s)"), std::string::npos) << s.outcome->verdict.message;
+}
+
 }  // namespace
 }  // namespace ballast::master

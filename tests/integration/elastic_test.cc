@@ -147,16 +147,8 @@ TEST(Elastic, WrongTokenIsRefusedAndChangesNothing) {
   Proc master({BallastBin(), "master", "--nnodes", "1", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
                "--port", "0", "--token", "right-token"},
               dir / "master.log");
-  std::string addr;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        std::smatch m;
-        std::string out = master.Output();
-        if (std::regex_search(out, m, std::regex("listening on ([0-9.]+:[0-9]+)"))) addr = m[1].str();
-        return !addr.empty();
-      },
-      30))
-      << master.Output();
+  std::string addr = WaitForMasterAddress(master);
+  ASSERT_FALSE(addr.empty()) << master.Output();
   Proc agent({BallastBin(), "run", "--rdzv-endpoint", addr, "--token", "wrong-token", "--nproc-per-node", "1",
               "--python", Python(), Script("env_dump.py")},
              dir / "agent.log", {{"OUT_DIR", dir.path()}});

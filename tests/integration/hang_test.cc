@@ -20,23 +20,27 @@ double LocalTimeOfDay(double epoch_s) {
   return local.tm_hour * 3600.0 + local.tm_min * 60.0 + local.tm_sec + (epoch_s - static_cast<double>(t));
 }
 
-// The time of day of the first "worker hung" log line, -1 if none.
+// The time of day of the first hang detection log line ("... hung: no
+// progress ..."), -1 if none.
 double HangLogTimeOfDay(const std::string& log) {
-  static const std::regex re(R"(\[ballast [^\]]*?(\d\d):(\d\d):(\d\d)\.(\d{3})\][^\n]*worker hung)");
+  static const std::regex re(R"(\[ballast [^\]]*?(\d\d):(\d\d):(\d\d)\.(\d{3})\][^\n]*hung: no progress)");
   std::smatch m;
   if (!std::regex_search(log, m, re)) return -1;
   return std::stoi(m[1]) * 3600.0 + std::stoi(m[2]) * 60.0 + std::stoi(m[3]) + std::stoi(m[4]) / 1000.0;
 }
 
-// 1 node x 2 workers, --hang-timeout 3: rank 1 sleeps forever at step 3 of the
-// first attempt. The agent notices within the timeout + 2 s of the last
-// progress, logs the workers' Python stacks, the master restarts the workers
-// in place, and the second attempt resumes and finishes every step.
-TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) {
+// 2 ranks, --hang-timeout 3: rank 1 sleeps forever at step 3 of the first
+// attempt while rank 0 waits for it in the gradient allreduce. The agents
+// notice within the timeout + 2 s of the last progress and log the workers'
+// Python stacks; rank 1, the one outside a collective, is blamed; the master
+// restarts the workers in place, and the second attempt resumes and finishes
+// every step. `nodes` x `nproc` = 2: on one node the agent picks the rank to
+// blame, on two nodes the master does, from both agents' hang reports.
+void RunHangTest(int nodes, int nproc) {
   TempDir dir;
   const int steps = 8;
-  std::vector<std::string> argv = {BallastBin(), "launch", "--python", Python(), "--nodes", "1",
-                                   "--nproc-per-node", "2", "--max-restarts", "2", "--hang-timeout",
+  std::vector<std::string> argv = {BallastBin(), "launch", "--python", Python(), "--nodes", std::to_string(nodes),
+                                   "--nproc-per-node", std::to_string(nproc), "--max-restarts", "2", "--hang-timeout",
                                    std::to_string(static_cast<int>(kHangTimeoutS)),
                                    Example("train_ddp.py"), "--out", dir.path(), "--steps", std::to_string(steps),
                                    "--step-time", "0.1", "--hang-rank", "1", "--hang-step", "3"};
@@ -56,7 +60,7 @@ TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) {
 
   // Detected within hang-timeout + 2 s of the last progress, not before the timeout.
   double hung_at = HangLogTimeOfDay(out);
-  ASSERT_GE(hung_at, 0) << "no 'worker hung' line:\n" << out;
+  ASSERT_GE(hung_at, 0) << "no hang detection line:\n" << out;
   double latency = hung_at - LocalTimeOfDay(last_progress);
   if (latency < -43200) latency += 86400;  // across midnight
   EXPECT_GE(latency, kHangTimeoutS - 0.5) << out;
@@ -67,6 +71,12 @@ TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) {
   EXPECT_NE(out.find("hang_forever"), std::string::npos) << out;
   EXPECT_NE(out.find("train_ddp.py"), std::string::npos) << out;
   EXPECT_NE(out.find("hung (no progress)"), std::string::npos) << out;
+  // The stacks were read: rank 1 sleeps outside any collective, rank 0 waits
+  // in one, and rank 1 is blamed.
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(rank 1 \(local rank \d\): stopped outside any collective at \S*train_ddp.py)")))
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(rank 0 \(local rank 0\): waiting in a collective at \S*torch/)"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(restarting in place \(restart 1 of 2\): worker rank 1 )"))) << out;
 
   // Restarted once; every rank finished every step in the second attempt.
   for (int rank = 0; rank < 2; ++rank) {
@@ -81,6 +91,10 @@ TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) {
     EXPECT_EQ(LastStep(dir.path(), rank), steps);
   }
 }
+
+TEST(Hang, WorkerSleepingForeverIsDetectedDumpedAndRestarted) { RunHangTest(1, 2); }
+
+TEST(Hang, OnTwoNodesTheRankOutsideTheCollectiveIsBlamed) { RunHangTest(2, 1); }
 
 }  // namespace
 }  // namespace ballast::testing

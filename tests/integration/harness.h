@@ -145,4 +145,20 @@ inline std::string MasterAddressFromLog(const std::string& log) {
   return std::regex_search(log, m, re) ? m[1].str() : "";
 }
 
+// The address a `ballast master` process listens on, once it logged it
+// ("listening on HOST:PORT"); "" after timeout_s.
+inline std::string WaitForMasterAddress(const Proc& master, double timeout_s = 30) {
+  static const std::regex re("listening on ([0-9.]+:[0-9]+)");
+  std::string addr;
+  WaitFor(
+      [&] {
+        std::smatch m;
+        std::string out = master.Output();
+        if (std::regex_search(out, m, re)) addr = m[1].str();
+        return !addr.empty();
+      },
+      timeout_s);
+  return addr;
+}
+
 }  // namespace ballast::testing

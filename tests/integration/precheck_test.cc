@@ -17,12 +17,20 @@ std::map<std::string, std::string> CheckEnv(const TempDir& dir) {
           {"BALLAST_PRECHECK_TIMEOUT_S", "90"}};
 }
 
-std::vector<std::string> Launch(int nodes, std::vector<std::string> flags) {
-  std::vector<std::string> argv = {BallastBin(), "launch", "--nodes", std::to_string(nodes), "--nproc-per-node",
+// `nodes`: --nodes, e.g. "4" or "1:2".
+std::vector<std::string> Launch(const std::string& nodes, std::vector<std::string> flags,
+                                std::vector<std::string> script = {Script("env_dump.py")}) {
+  std::vector<std::string> argv = {BallastBin(), "launch", "--nodes", nodes, "--nproc-per-node",
                                    "1", "--network-check", "--python", Python()};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.push_back(Script("env_dump.py"));
+  argv.insert(argv.end(), script.begin(), script.end());
   return argv;
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
+  return n;
 }
 
 std::set<std::string> Matches(const std::string& text, const std::string& pattern) {
@@ -49,7 +57,7 @@ void ExpectTrainedOn(const TempDir& dir, int nodes, const std::string& log) {
 
 void RunCheckFailOneOf(int nodes, int bad) {
   TempDir dir;
-  Proc launch(Launch(nodes, {"--chaos", "check-fail:node=" + std::to_string(bad)}), dir / "launch.log",
+  Proc launch(Launch(std::to_string(nodes), {"--chaos", "check-fail:node=" + std::to_string(bad)}), dir / "launch.log",
               CheckEnv(dir));
   ASSERT_EQ(launch.Wait(300), 0) << launch.Output();
   std::string log = launch.Output();
@@ -76,7 +84,7 @@ TEST(Precheck, FiveNodesFailingNodeIsFoundByTheSuspectRound) { RunCheckFailOneOf
 // 3 nodes: a failure cannot be localized, so the job fails and says why.
 TEST(Precheck, ThreeNodesWithAFailureAllFailTheCheck) {
   TempDir dir;
-  Proc launch(Launch(3, {"--chaos", "check-fail:node=2"}), dir / "launch.log", CheckEnv(dir));
+  Proc launch(Launch("3", {"--chaos", "check-fail:node=2"}), dir / "launch.log", CheckEnv(dir));
   ASSERT_EQ(launch.Wait(300), 1) << launch.Output();
   std::string log = launch.Output();
   EXPECT_NE(log.find("cannot be localized"), std::string::npos) << log;
@@ -88,7 +96,7 @@ TEST(Precheck, ThreeNodesWithAFailureAllFailTheCheck) {
 // A slow node is reported as a straggler and stays in the job.
 TEST(Precheck, StragglerIsReportedAndKept) {
   TempDir dir;
-  Proc launch(Launch(4, {"--chaos", "check-slow:node=2,factor=2000"}), dir / "launch.log", CheckEnv(dir));
+  Proc launch(Launch("4", {"--chaos", "check-slow:node=2,factor=2000"}), dir / "launch.log", CheckEnv(dir));
   ASSERT_EQ(launch.Wait(300), 0) << launch.Output();
   std::string log = launch.Output();
   std::set<std::string> stragglers = Matches(log, R"(node=(\S+) is a straggler in the pre-flight check)");
@@ -101,7 +109,7 @@ TEST(Precheck, StragglerIsReportedAndKept) {
 // With --exclude-stragglers the slow node is excluded and replaced.
 TEST(Precheck, StragglerIsReplacedWithExcludeStragglers) {
   TempDir dir;
-  Proc launch(Launch(4, {"--exclude-stragglers", "--chaos", "check-slow:node=2,factor=2000"}), dir / "launch.log",
+  Proc launch(Launch("4", {"--exclude-stragglers", "--chaos", "check-slow:node=2,factor=2000"}), dir / "launch.log",
               CheckEnv(dir));
   ASSERT_EQ(launch.Wait(300), 0) << launch.Output();
   std::string log = launch.Output();
@@ -110,6 +118,62 @@ TEST(Precheck, StragglerIsReplacedWithExcludeStragglers) {
   EXPECT_NE(log.find("a straggler in the pre-flight check (--exclude-stragglers)"), std::string::npos) << log;
   EXPECT_NE(log.find("1 node replacement(s)"), std::string::npos) << log;
   ExpectTrainedOn(dir, 4, log);
+}
+
+// A node lost mid-training is replaced while the job trains on: the
+// replacement is checked (alone: the member is busy) before it may join, a
+// replacement that fails is excluded and replaced again without stopping
+// training, and the one that passes scales the job back up.
+TEST(Precheck, NodeJoiningARunningJobIsCheckedBeforeItJoins) {
+  TempDir dir;
+  Proc launch(Launch("1:2",
+                     {"--chaos", "kill-agent:node=1,after=2;check-fail:node=1,incarnation=2"},
+                     {Example("train_ddp.py"), "--out", dir.path(), "--steps", "150", "--step-time", "0.2"}),
+              dir / "launch.log", CheckEnv(dir));
+  ASSERT_EQ(launch.Wait(300), 0) << launch.Output();
+  std::string log = launch.Output();
+  EXPECT_NE(log.find("chaos: kill-agent: SIGKILL to this agent"), std::string::npos) << log;
+  EXPECT_NE(log.find("scale down to 1 nodes"), std::string::npos) << log;
+  // Both replacements were checked while training went on; the first failed.
+  EXPECT_EQ(Count(log, ") while the job trains"), 2u) << log;
+  std::set<std::string> excluded = Excluded(log);
+  ASSERT_EQ(excluded.size(), 1u) << log;
+  EXPECT_EQ(excluded, ChaosFailed(log)) << log;
+  EXPECT_NE(log.find("all 1 joining node(s) passed the pre-flight check"), std::string::npos) << log;
+  EXPECT_NE(log.find("2 node replacement(s)"), std::string::npos) << log;
+  // Rounds: 1 (2 nodes), 2 (scale down), 3 (scale up): the failed check did
+  // not stop the training member.
+  EXPECT_NE(log.find("round=3 starts: 2 nodes"), std::string::npos) << log;
+  EXPECT_NE(log.find("on 2 nodes of round 3 exited 0"), std::string::npos) << log;
+  EXPECT_EQ(LastStep(dir.path(), 1), 150) << log;
+}
+
+// `ballast master --network-check` checks nodes whose agents did not ask for
+// it; --exclude-stragglers without the check is a usage error.
+TEST(Precheck, MasterFlagTurnsTheCheckOn) {
+  TempDir dir;
+  Proc bad({BallastBin(), "master", "--nnodes", "2", "--exclude-stragglers"}, dir / "bad.log");
+  EXPECT_EQ(bad.Wait(30), 2);
+  EXPECT_NE(bad.Output().find("--exclude-stragglers needs --network-check"), std::string::npos) << bad.Output();
+
+  Proc master({BallastBin(), "master", "--nnodes", "2", "--network-check", "--host", "127.0.0.1",
+               "--advertise-host", "127.0.0.1", "--port", "0", "--token", "t0k"},
+              dir / "master.log", CheckEnv(dir));
+  std::string addr = WaitForMasterAddress(master);
+  ASSERT_FALSE(addr.empty()) << master.Output();
+  EXPECT_NE(master.Output().find("pre-flight check on"), std::string::npos) << master.Output();
+  std::vector<std::unique_ptr<Proc>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{BallastBin(), "run", "--rdzv-endpoint", addr, "--token", "t0k", "--nnodes", "2",
+                                 "--node-rank", std::to_string(i), "--nproc-per-node", "1", "--python", Python(),
+                                 Script("env_dump.py")},
+        dir / ("agent" + std::to_string(i) + ".log"), CheckEnv(dir)));
+  }
+  for (auto& a : agents) EXPECT_EQ(a->Wait(120), 0) << a->Output();
+  ASSERT_EQ(master.Wait(60), 0) << master.Output();
+  EXPECT_NE(master.Output().find("all 2 nodes passed the pre-flight check"), std::string::npos) << master.Output();
+  ExpectTrainedOn(dir, 2, master.Output());
 }
 
 }  // namespace
