@@ -37,6 +37,7 @@ bench: build
 	/usr/bin/python3 bench/recovery_bench.py --ballast $(BUILD_DIR)/bin/ballast
 	/usr/bin/python3 bench/rendezvous_bench.py --ballast $(BUILD_DIR)/bin/ballast
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/ckpt_bench.py
+	/usr/bin/python3 bench/health_bench.py --ballast $(BUILD_DIR)/bin/ballast
 
 install: build
 	cmake --install $(BUILD_DIR)

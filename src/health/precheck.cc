@@ -174,6 +174,17 @@ Verdict Judge(const std::vector<NodeResult>& round1, const std::vector<NodeResul
     if (round1[i].ok) best[i] = std::min(best[i], round1[i].time_s);
     if (!round2.empty() && round2[i].ok) best[i] = std::min(best[i], round2[i].time_s);
   }
+  if (static_cast<int>(v.faulty.size()) == n) {
+    // Nothing passed anywhere: not one bad node, but the check program, the
+    // software environment or the network of all of them. Excluding every
+    // node would only start the same failure on replacements.
+    v.all_failed = true;
+    v.message = absl::StrCat("every one of the ", n,
+                             " nodes failed the pre-flight check in every round: the fault is not in one node "
+                             "but in what they share (the check program, the Python/torch installation, the "
+                             "network); see each node's error, fix it and start the job again");
+    return v;
+  }
   if (!round2.empty() && v.faulty.size() > 1) {
     std::vector<double> t1;
     for (const auto& r : round1) t1.push_back(r.time_s);

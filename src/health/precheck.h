@@ -52,7 +52,8 @@ struct Verdict {
   // rounds: one of them may be healthy. Empty when the verdict is final.
   std::vector<int> suspects;
   std::vector<int> stragglers;  // time > factor x median (and not faulty)
-  bool all_failed = false;      // <= 3 nodes with a failure: nothing could be localized
+  bool all_failed = false;      // the job fails: <= 3 nodes with a failure (nothing could
+                                // be localized), or every node failed every round
   std::string message;          // human summary, says why
   std::string note;             // extra explanation, also at the end of message
 };

@@ -128,5 +128,13 @@ TEST(PrecheckJudge, JoinersFailingOnlyTogetherAreAllFaulty) {
   EXPECT_THAT(v.message, HasSubstr("network path between them"));
 }
 
+TEST(PrecheckJudge, EveryNodeFailingFailsTheJobInsteadOfExcludingAll) {
+  std::vector<NodeResult> r1(4), r2(4);  // all failed twice
+  Verdict v = Judge(r1, r2);
+  EXPECT_TRUE(v.all_failed);
+  EXPECT_THAT(v.faulty, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(v.message, HasSubstr("not in one node"));
+}
+
 }  // namespace
 }  // namespace ballast::health

@@ -171,7 +171,8 @@ void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now)
   precheck_.verdict = v.message;
   std::vector<std::string> errors;
   for (const auto& [id, err] : outcome.errors) errors.push_back(absl::StrCat(id, " (", err, ")"));
-  if (v.all_failed) {
+  // Joiners that all failed are kept out; the training members are fine.
+  if (v.all_failed && !outcome.joiners) {
     Finish(false, absl::StrCat("job failed: ", v.message,
                                errors.empty() ? "" : absl::StrCat("; failures: ", absl::StrJoin(errors, "; "))));
     return;

@@ -44,7 +44,7 @@ class JobMasterPrecheckTest : public ::testing::Test {
     }
     return last;
   }
-  // Answers the pending RunCheck of every node: `bad` fails.
+  // Answers the pending RunCheck of every node: `bad` fails ("*": all fail).
   void AnswerChecks(const std::vector<std::string>& ids, const std::string& bad) {
     std::map<std::string, v1::RunCheck> checks;
     for (const auto& id : ids) {
@@ -55,7 +55,8 @@ class JobMasterPrecheckTest : public ::testing::Test {
       v1::CheckResult r;
       r.set_node_id(id);
       r.set_check_id(rc.check_id());
-      r.set_ok(id != bad);
+      r.set_ok(id != bad && bad != "*");
+      if (!r.ok()) r.set_error("ModuleNotFoundError: No module named 'torch'");
       r.set_time_s(0.01);
       ASSERT_TRUE(jm_->ReportCheckResult(r).ok());
     }
@@ -97,6 +98,23 @@ TEST_F(JobMasterPrecheckTest, ThreeNodesWithAFailureFailTheJob) {
   ASSERT_TRUE(outcome.has_value());
   EXPECT_FALSE(outcome->succeeded);
   EXPECT_NE(outcome->message.find("cannot be localized"), std::string::npos) << outcome->message;
+}
+
+// Every node failing every round is not a node fault: the job fails with the
+// errors instead of excluding (and replacing) every node.
+TEST_F(JobMasterPrecheckTest, EveryNodeFailingFailsTheJob) {
+  Make(4);
+  std::vector<std::string> ids = {"a", "b", "c", "d"};
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Join(ids[i], i).ok());
+  AnswerChecks(ids, "*");
+  AnswerChecks(ids, "*");
+  auto outcome = jm_->outcome();
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_FALSE(outcome->succeeded);
+  EXPECT_NE(outcome->message.find("not in one node"), std::string::npos) << outcome->message;
+  EXPECT_NE(outcome->message.find("No module named 'torch'"), std::string::npos) << outcome->message;
+  auto last = Last("a");
+  ASSERT_TRUE(last.has_value() && last->has_job_finished());
 }
 
 // A node that joins a running job is checked (alone: the members are busy)
