@@ -860,8 +860,10 @@ v1::JobStatus JobMaster::Status() const {
     v1::NodeStatus* ns = st.add_nodes();
     ns->set_node_id(rec.spec.node_id);
     ns->set_host(rec.spec.host);
-    ns->set_state(precheck_.excluded.count(rec.spec.node_id) > 0 ? std::string("excluded")
-                                                                  : std::string(NodeStateName(rec.state)));
+    const std::string& id = rec.spec.node_id;
+    ns->set_state(precheck_.excluded.count(id) > 0 ? std::string("excluded")
+                  : InRunningCheck(id)             ? std::string("checking")
+                                                   : std::string(NodeStateName(rec.state)));
     ns->set_group_rank(rec.group_rank);
     ns->set_local_world_size(rec.spec.local_world_size);
     ns->set_last_heartbeat_age_s(now - rec.last_heartbeat);

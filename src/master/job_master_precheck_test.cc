@@ -145,6 +145,14 @@ TEST_F(JobMasterPrecheckTest, JoinerIsCheckedWhileTheJobTrains) {
   auto check = Last("c");
   ASSERT_TRUE(check.has_value() && check->has_run_check());
   EXPECT_EQ(check->run_check().world_size(), 1);  // alone
+  const v1::JobStatus checking = jm_->Status();
+  for (const auto& ns : checking.nodes()) {
+    if (ns.node_id() == "c") {
+      EXPECT_EQ(ns.state(), "checking");
+    } else if (ns.node_id() == "a") {
+      EXPECT_EQ(ns.state(), "training");
+    }
+  }
   EXPECT_FALSE(Last("a").has_value());             // the member keeps training
   v1::CheckResult bad;
   bad.set_node_id("c");
