@@ -461,6 +461,10 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
   if (request.spec().precheck() && !precheck_.enabled) {
     precheck_.enabled = true;
     spdlog::info("job={} node={} asked for the pre-flight check: enabled", options_.job_id, n.node_id());
+    // Members already training keep their places; nodes from now on are checked.
+    if (state_ == JobState::kRunning) {
+      for (const auto& m : world_.members) precheck_.passed.insert(m.node_id);
+    }
   }
   if (request.spec().exclude_stragglers()) precheck_.exclude_stragglers = true;
   if (const NodeRecord* rec = nodes_.Find(n.node_id());

@@ -23,13 +23,13 @@ class JobMasterPrecheckTest : public ::testing::Test {
     o.precheck_options = PrecheckOptions{};
     jm_ = std::make_unique<JobMaster>(o);
   }
-  absl::Status Join(const std::string& id, int hint) {
+  absl::Status Join(const std::string& id, int hint, bool precheck = true) {
     v1::JoinRequest req;
     req.mutable_node()->set_node_id(id);
     req.mutable_node()->set_node_rank_hint(hint);
     req.mutable_node()->set_local_world_size(1);
     req.mutable_node()->set_host(id + ".host");
-    req.mutable_spec()->set_precheck(true);
+    req.mutable_spec()->set_precheck(precheck);
     auto r = jm_->Join(req);
     if (r.ok() && handles_.count(id) == 0) handles_[id] = *jm_->OpenWatch(id);
     return r.status();
@@ -190,6 +190,41 @@ TEST_F(JobMasterPrecheckTest, JoinerIsCheckedWhileTheJobTrains) {
   EXPECT_NE(st.precheck().find("all 1 joining node(s) passed"), std::string::npos) << st.precheck();
   auto start = Last("d");
   ASSERT_TRUE(start.has_value() && start->has_start_round());
+}
+
+// The check turned on by a node that joins a running job (its agent has
+// --network-check, the others not): the members keep training and stay in
+// every new round; only the newcomer is checked.
+TEST_F(JobMasterPrecheckTest, CheckTurnedOnMidJobKeepsTheMembers) {
+  Make(3, /*min_nodes=*/2);
+  ASSERT_TRUE(Join("a", 0, /*precheck=*/false).ok());
+  ASSERT_TRUE(Join("b", 1, /*precheck=*/false).ok());
+  clock_.Advance(2.5);
+  jm_->Tick();
+  ASSERT_EQ(jm_->Status().round(), 1);
+  ASSERT_TRUE(Join("c", 2).ok());
+  v1::FailureReport f;
+  f.set_node_id("a");
+  f.set_round(1);
+  f.set_exit_code(1);
+  ASSERT_TRUE(jm_->ReportFailure(f).ok());
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 2);
+  EXPECT_EQ(st.world_size(), 2);  // a and b, not the unchecked c
+  clock_.Advance(2.5);
+  jm_->Tick();
+  auto check = Last("c");
+  ASSERT_TRUE(check.has_value() && check->has_run_check());
+  EXPECT_EQ(check->run_check().world_size(), 1);
+  v1::CheckResult pass;
+  pass.set_node_id("c");
+  pass.set_check_id(check->run_check().check_id());
+  pass.set_ok(true);
+  pass.set_time_s(0.01);
+  ASSERT_TRUE(jm_->ReportCheckResult(pass).ok());
+  st = jm_->Status();
+  EXPECT_EQ(st.round(), 3);  // scale up: a, b and c
+  EXPECT_EQ(st.world_size(), 3);
 }
 
 }  // namespace
