@@ -632,13 +632,13 @@ void Agent::CheckHangs() {
   }
   // Blame: a rank outside a collective (the others wait for it), then the
   // lowest step, then the oldest progress.
-  auto outside = [](const Hung& h) { return h.stack.found && !h.stack.in_collective; };
+  auto key = [](const Hung& h) {
+    const bool outside = h.stack.found && !h.stack.in_collective;
+    const int64_t step = h.cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(h.cell.step);
+    return std::make_tuple(outside ? 0 : 1, step, h.cell.timestamp_ns);
+  };
   const Hung* blamed = &hung[0];
   for (const Hung& h : hung) {
-    auto key = [&](const Hung& x) {
-      return std::make_tuple(outside(x) ? 0 : 1, x.cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(x.cell.step),
-                             x.cell.timestamp_ns);
-    };
     if (key(h) < key(*blamed)) blamed = &h;
   }
   const WorkerInfo& w = *blamed->worker;

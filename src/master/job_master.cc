@@ -500,7 +500,7 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
       PushWait(n.node_id(), kAwaitingCheckReason);
     } else if (done_.empty() && AdmissibleWorldNodes() > world_.num_nodes()) {
       PushWait(n.node_id(),
-               absl::StrCat("joining: a new round with ", rdzv_.UsableNodes(),
+               absl::StrCat("joining: a new round with ", AdmissibleWorldNodes(),
                             " nodes starts after the last call (",
                             absl::SixDigits(options_.last_call_s), " s) unless more nodes join"));
     } else {

@@ -140,7 +140,10 @@ PrecheckOutcome PrecheckCoordinator::MakeOutcome(const health::Verdict& verdict)
   for (int i = 0; i < n; ++i) {
     if (!std::isfinite(best[i])) continue;
     finite.push_back(best[i]);
-    o.best_times[nodes_[i].node_id] = best[i];
+    // Reference times for later checks come from groups of several nodes
+    // only: a node checked alone skips the network, so its time is shorter.
+    const bool timed_alone = n == 1 || (alone_round_ && !r1_[i].ok);
+    if (!timed_alone) o.best_times[nodes_[i].node_id] = best[i];
   }
   for (double t : reference_) {
     if (std::isfinite(t)) finite.push_back(t);

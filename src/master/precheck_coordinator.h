@@ -67,7 +67,9 @@ struct PrecheckOutcome {
   std::vector<std::string> faulty;      // verdict.faulty as node ids
   std::vector<std::string> stragglers;  // verdict.stragglers as node ids
   std::map<std::string, std::string> errors;  // node id -> first error it reported
-  std::map<std::string, double> best_times;   // node id -> best passing time
+  // node id -> best passing time in a group of several nodes (not alone):
+  // the reference for judging later joiners.
+  std::map<std::string, double> best_times;
   bool joiners = false;                       // a check of joining nodes
 };
 
