@@ -292,6 +292,8 @@ int Agent::Run() {
                options_.endpoint, joined->spec().min_nodes(), joined->spec().max_nodes(),
                joined->spec().max_restarts(), options_.node_id);
   StartCheckpointStores(joined->job_id());
+  // The check servers import torch while the rendezvous completes.
+  if (options_.run.precheck) precheck_->Warm();
 
   client_->StartWatch(
       options_.node_id, [this](const v1::Decision& d) { Post(d); },

@@ -56,23 +56,66 @@ PrecheckRunner::~PrecheckRunner() {
   if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
 }
 
-std::string PrecheckRunner::LogPath(int lr) const {
-  return absl::StrCat(dir_, "/check", current_.check_id(), "-", lr, ".log");
+std::string PrecheckRunner::GenerationDir() const { return absl::StrCat(dir_, "/gen", generation_); }
+std::string PrecheckRunner::ServerLog(int lr) const { return absl::StrCat(GenerationDir(), "/server-", lr, ".log"); }
+std::string PrecheckRunner::RequestPath(int lr) const {
+  return absl::StrCat(GenerationDir(), "/req-", lr, "-", seq_);
 }
 std::string PrecheckRunner::ResultPath(int lr) const {
-  return absl::StrCat(dir_, "/check", current_.check_id(), "-", lr, ".result");
+  return absl::StrCat(GenerationDir(), "/res-", lr, "-", seq_);
 }
 
 void PrecheckRunner::Stop() {
-  for (auto& p : procs_) {
+  for (auto& p : servers_) {
     if (p.running()) p.Terminate(1.0);
   }
-  procs_.clear();
+  servers_.clear();
+  check_running_ = false;
+}
+
+absl::Status PrecheckRunner::EnsureServers() {
+  if (dir_.empty()) return absl::InternalError("no temporary directory for the check servers");
+  if (!servers_.empty() && std::all_of(servers_.begin(), servers_.end(), [](Subprocess& p) {
+        p.Poll();
+        return p.running();
+      })) {
+    return absl::OkStatus();
+  }
+  Stop();
+  ++generation_;
+  seq_ = 0;
+  std::error_code ec;
+  std::filesystem::create_directories(GenerationDir(), ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", GenerationDir(), ": ", ec.message()));
+  for (int lr = 0; lr < options_.nproc_per_node; ++lr) {
+    SpawnOptions so;
+    so.argv = {options_.python, "-u", "-m", "ballast.precheck", "--serve", GenerationDir()};
+    so.env = options_.base_env;
+    so.env["LOCAL_RANK"] = std::to_string(lr);
+    so.env["LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc_per_node);
+    if (so.env.count("OMP_NUM_THREADS") == 0) so.env["OMP_NUM_THREADS"] = "1";
+    so.stdout_file = ServerLog(lr);
+    so.stderr_to_stdout = true;
+    auto p = Subprocess::Spawn(so);
+    if (!p.ok()) {
+      Stop();
+      return absl::Status(p.status().code(), absl::StrCat("cannot start the check servers: ", p.status().message()));
+    }
+    servers_.push_back(std::move(*p));
+  }
+  spdlog::info("started {} pre-flight check server(s) node={}", servers_.size(), options_.node_id);
+  return absl::OkStatus();
+}
+
+void PrecheckRunner::Warm() {
+  if (absl::Status s = EnsureServers(); !s.ok()) {
+    spdlog::warn("pre-flight check servers: {} node={}", std::string(s.message()), options_.node_id);
+  }
 }
 
 void PrecheckRunner::Start(const v1::RunCheck& rc, const std::function<bool()>& superseded) {
   if (rc.check_id() <= last_check_id_) return;  // a reconnecting watch re-sends the current decision
-  Stop();
+  if (check_running_) Stop();  // an unfinished older check: its servers are in an unknown state
   last_check_id_ = rc.check_id();
   current_ = rc;
   spdlog::info("pre-flight check {} round {}: group {} rank {}/{} node={}", rc.check_id(), rc.check_round(),
@@ -119,68 +162,86 @@ void PrecheckRunner::Start(const v1::RunCheck& rc, const std::function<bool()>& 
   }
   const bool fail = options_.chaos.Find("check-fail", options_.node_rank) != nullptr;
   if (fail) spdlog::warn("chaos: check-fail on node rank {}: this node's check will fail", options_.node_rank);
-  started_ = Clock::now();
+  if (absl::Status s = EnsureServers(); !s.ok()) return Finish(false, 0, std::string(s.message()));
+  ++seq_;
   for (int lr = 0; lr < options_.nproc_per_node; ++lr) {
-    SpawnOptions so;
-    so.argv = {options_.python, "-u", "-m", "ballast.precheck"};
-    so.env = options_.base_env;
-    so.env["RANK"] = std::to_string(rc.rank_offset() + lr);
-    so.env["LOCAL_RANK"] = std::to_string(lr);
-    so.env["WORLD_SIZE"] = std::to_string(rc.world_size());
-    so.env["LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc_per_node);
-    so.env["GROUP_RANK"] = std::to_string(rc.group_rank());
-    so.env["MASTER_ADDR"] = addr;
-    so.env["MASTER_PORT"] = std::to_string(port);
-    if (so.env.count("OMP_NUM_THREADS") == 0) so.env["OMP_NUM_THREADS"] = "1";
-    so.env["BALLAST_PRECHECK_RESULT"] = ResultPath(lr);
-    so.env["BALLAST_PRECHECK_MATMUL_SIZE"] = std::to_string(rc.matmul_size());
-    so.env["BALLAST_PRECHECK_ALLREDUCE_BYTES"] = std::to_string(rc.allreduce_bytes());
-    so.env["BALLAST_PRECHECK_TIMEOUT_S"] = absl::StrCat(rc.timeout_s());
-    if (fail) so.env["BALLAST_PRECHECK_FAIL"] = "1";
-    so.stdout_file = LogPath(lr);
-    so.stderr_to_stdout = true;
-    auto p = Subprocess::Spawn(so);
-    if (!p.ok()) {
-      Stop();
-      return Finish(false, 0, absl::StrCat("cannot start the check workers: ", p.status().message()));
+    const std::string request =
+        absl::StrCat("rank ", rc.rank_offset() + lr, "\nworld_size ", rc.world_size(), "\nmaster_addr ", addr,
+                     "\nmaster_port ", port, "\nmatmul_size ", rc.matmul_size(), "\nallreduce_bytes ",
+                     rc.allreduce_bytes(), "\ntimeout_s ", rc.timeout_s(), "\nfail ", fail ? 1 : 0, "\n");
+    // Written whole, then renamed: the server never reads half a request.
+    const std::string tmp = RequestPath(lr) + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << request;
     }
-    procs_.push_back(std::move(*p));
+    std::error_code ec;
+    std::filesystem::rename(tmp, RequestPath(lr), ec);
+    if (ec) {
+      Stop();
+      return Finish(false, 0, absl::StrCat("cannot write the check request ", RequestPath(lr), ": ", ec.message()));
+    }
   }
+  started_ = Clock::now();
+  check_running_ = true;
 }
 
 void PrecheckRunner::Poll() {
-  if (procs_.empty()) return;
-  bool all_exited = true;
-  for (auto& p : procs_) {
-    if (!p.status().has_value()) p.Poll();
-    if (!p.status().has_value()) all_exited = false;
+  if (!check_running_) return;
+  struct Result {
+    bool done = false;
+    bool ok = false;
+    double time_s = 0;
+    std::string error;
+  };
+  std::vector<Result> results(servers_.size());
+  bool all_done = true;
+  for (int lr = 0; lr < static_cast<int>(servers_.size()); ++lr) {
+    Result& r = results[lr];
+    const std::string text = ReadAll(ResultPath(lr));
+    if (!text.empty()) {
+      r.done = true;
+      // "ok 0|1\ntime_s T\nerror TEXT..."
+      size_t error_at = text.find("\nerror ");
+      for (absl::string_view line : absl::StrSplit(text.substr(0, error_at), '\n')) {
+        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
+        if (kv.first == "ok") r.ok = kv.second == "1";
+        if (kv.first == "time_s" && (!absl::SimpleAtod(kv.second, &r.time_s) || !std::isfinite(r.time_s))) {
+          r.ok = false;
+        }
+      }
+      if (error_at != std::string::npos) r.error = text.substr(error_at + 7);
+      if (!r.ok && r.error.empty()) r.error = absl::StrCat("no valid result in ", ResultPath(lr));
+      continue;
+    }
+    servers_[lr].Poll();
+    if (!servers_[lr].running()) {
+      r.done = true;
+      r.error = absl::StrCat("check server ", servers_[lr].status()->Describe(), ": ", Tail(ReadAll(ServerLog(lr)), 5));
+      continue;
+    }
+    all_done = false;
   }
-  if (!all_exited) {
+  if (!all_done) {
     if (SecondsSince(started_) < current_.timeout_s()) return;
+    std::string tail = Tail(ReadAll(ServerLog(0)), 5);
     Stop();
-    std::string tail = Tail(ReadAll(LogPath(0)), 5);
     return Finish(false, 0, absl::StrCat("timed out after ", current_.timeout_s(), " s", tail.empty() ? "" : ": ",
                                          tail));
   }
+  check_running_ = false;
   double time_s = 0;
   std::string error;
-  for (int lr = 0; lr < static_cast<int>(procs_.size()); ++lr) {
-    const ExitStatus& st = *procs_[lr].status();
-    if (!st.ok()) {
-      if (error.empty()) {
-        error = absl::StrCat("local rank ", lr, ": ", st.Describe(), ": ", Tail(ReadAll(LogPath(lr)), 5));
-      }
+  for (int lr = 0; lr < static_cast<int>(results.size()); ++lr) {
+    if (!results[lr].ok) {
+      if (error.empty()) error = absl::StrCat("local rank ", lr, ": ", results[lr].error);
       continue;
     }
-    double t = 0;
-    std::string text(absl::StripAsciiWhitespace(ReadAll(ResultPath(lr))));
-    if (!absl::SimpleAtod(text, &t) || !std::isfinite(t)) {
-      if (error.empty()) error = absl::StrCat("local rank ", lr, ": no time in ", ResultPath(lr));
-      continue;
-    }
-    time_s = std::max(time_s, t);
+    time_s = std::max(time_s, results[lr].time_s);
   }
-  procs_.clear();
+  // A server that failed a check exits (see precheck.py); do not wait for
+  // that: the next check starts a new generation.
+  if (!error.empty()) Stop();
   if (const ChaosFault* slow = options_.chaos.Find("check-slow", options_.node_rank); slow != nullptr) {
     double factor = slow->Number("factor", 1.0);
     spdlog::warn("chaos: check-slow on node rank {}: time {:.3f} s x {}", options_.node_rank, time_s, factor);
