@@ -44,6 +44,15 @@ class JobMasterPrecheckTest : public ::testing::Test {
     }
     return last;
   }
+  absl::Status Report(const std::string& id, int64_t check_id, bool ok, const std::string& error = "") {
+    v1::CheckResult r;
+    r.set_node_id(id);
+    r.set_check_id(check_id);
+    r.set_ok(ok);
+    r.set_error(error);
+    r.set_time_s(0.01);
+    return jm_->ReportCheckResult(r);
+  }
   // Answers the pending RunCheck of every node: `bad` fails ("*": all fail).
   void AnswerChecks(const std::vector<std::string>& ids, const std::string& bad) {
     std::map<std::string, v1::RunCheck> checks;
@@ -52,13 +61,8 @@ class JobMasterPrecheckTest : public ::testing::Test {
       if (d.has_value() && d->has_run_check()) checks[id] = d->run_check();
     }
     for (const auto& [id, rc] : checks) {
-      v1::CheckResult r;
-      r.set_node_id(id);
-      r.set_check_id(rc.check_id());
-      r.set_ok(id != bad && bad != "*");
-      if (!r.ok()) r.set_error("ModuleNotFoundError: No module named 'torch'");
-      r.set_time_s(0.01);
-      ASSERT_TRUE(jm_->ReportCheckResult(r).ok());
+      const bool ok = id != bad && bad != "*";
+      ASSERT_TRUE(Report(id, rc.check_id(), ok, ok ? "" : "ModuleNotFoundError: No module named 'torch'").ok());
     }
   }
 
@@ -154,12 +158,7 @@ TEST_F(JobMasterPrecheckTest, JoinerIsCheckedWhileTheJobTrains) {
     }
   }
   EXPECT_FALSE(Last("a").has_value());             // the member keeps training
-  v1::CheckResult bad;
-  bad.set_node_id("c");
-  bad.set_check_id(check->run_check().check_id());
-  bad.set_ok(false);
-  bad.set_error("exit code 1");
-  ASSERT_TRUE(jm_->ReportCheckResult(bad).ok());
+  ASSERT_TRUE(Report("c", check->run_check().check_id(), false, "exit code 1").ok());
   auto excluded = Last("c");
   ASSERT_TRUE(excluded.has_value() && excluded->has_excluded());
   EXPECT_EQ(jm_->Status().round(), 2);
@@ -178,12 +177,7 @@ TEST_F(JobMasterPrecheckTest, JoinerIsCheckedWhileTheJobTrains) {
   ASSERT_TRUE(jm_->ReportFailure(f).ok());
   ASSERT_EQ(jm_->Status().round(), 3);
   EXPECT_EQ(jm_->Status().world_size(), 1);
-  v1::CheckResult good;
-  good.set_node_id("d");
-  good.set_check_id(check_d->run_check().check_id());
-  good.set_ok(true);
-  good.set_time_s(0.01);
-  ASSERT_TRUE(jm_->ReportCheckResult(good).ok());
+  ASSERT_TRUE(Report("d", check_d->run_check().check_id(), true).ok());
   v1::JobStatus st = jm_->Status();
   EXPECT_EQ(st.round(), 4);  // scaled up with d
   EXPECT_EQ(st.world_size(), 2);
@@ -216,12 +210,7 @@ TEST_F(JobMasterPrecheckTest, CheckTurnedOnMidJobKeepsTheMembers) {
   auto check = Last("c");
   ASSERT_TRUE(check.has_value() && check->has_run_check());
   EXPECT_EQ(check->run_check().world_size(), 1);
-  v1::CheckResult pass;
-  pass.set_node_id("c");
-  pass.set_check_id(check->run_check().check_id());
-  pass.set_ok(true);
-  pass.set_time_s(0.01);
-  ASSERT_TRUE(jm_->ReportCheckResult(pass).ok());
+  ASSERT_TRUE(Report("c", check->run_check().check_id(), true).ok());
   st = jm_->Status();
   EXPECT_EQ(st.round(), 3);  // scale up: a, b and c
   EXPECT_EQ(st.world_size(), 3);
