@@ -82,9 +82,10 @@ absl::Status PrecheckRunner::EnsureServers() {
     return absl::OkStatus();
   }
   Stop();
+  std::error_code ec;
+  if (generation_ > 0) std::filesystem::remove_all(GenerationDir(), ec);  // its errors were reported
   ++generation_;
   seq_ = 0;
-  std::error_code ec;
   std::filesystem::create_directories(GenerationDir(), ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", GenerationDir(), ": ", ec.message()));
   for (int lr = 0; lr < options_.nproc_per_node; ++lr) {
