@@ -77,14 +77,15 @@ absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, const std::string
   return absl::OkStatus();
 }
 
-// temp + fsync + rename + fsync(dir): after a crash `path` holds either the
-// old content or the new, never a mix.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view content) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+// Writes `n` bytes to `tmp`, fsyncs them, renames `tmp` to `path` and fsyncs
+// the directory: after a crash `path` holds either the old content or the
+// new, never a mix or a renamed but empty file, and the rename is durable
+// before this returns (nobody counts the file before that).
+absl::Status WriteDurably(const std::string& path, const std::string& tmp, const uint8_t* data, uint64_t n,
+                          const ShardWriteOptions* options) {
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return IoError(errno, absl::StrCat("create ", tmp));
-  absl::Status s = WriteAll(fd, reinterpret_cast<const uint8_t*>(content.data()), content.size(),
-                            tmp, nullptr);
+  absl::Status s = WriteAll(fd, data, n, tmp, options);
   if (s.ok() && fsync(fd) != 0) s = IoError(errno, absl::StrCat("fsync ", tmp));
   close(fd);
   if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
@@ -95,6 +96,11 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     return s;
   }
   return FsyncDir(fs::path(path).parent_path().string());
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view content) {
+  return WriteDurably(path, absl::StrCat(path, ".tmp.", getpid()), reinterpret_cast<const uint8_t*>(content.data()),
+                      content.size(), nullptr);
 }
 
 std::optional<uint64_t> ParseStepDirName(const std::string& name) {
@@ -168,23 +174,7 @@ absl::Status WriteShardFile(const std::string& dir, uint64_t step, int rank, con
   const std::string step_dir = StepDir(dir, step);
   RETURN_IF_ERROR(MakeDirs(step_dir));
   const std::string path = ShardPath(dir, step, rank);
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError(errno, absl::StrCat("create ", tmp));
-  absl::Status s = WriteAll(fd, image, bytes, tmp, &options);
-  // Data must be on disk before the rename makes it visible under the final
-  // name; otherwise a power loss could leave a renamed but empty file.
-  if (s.ok() && fsync(fd) != 0) s = IoError(errno, absl::StrCat("fsync ", tmp));
-  close(fd);
-  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    s = IoError(errno, absl::StrCat("rename ", tmp, " -> ", path));
-  }
-  if (!s.ok()) {
-    unlink(tmp.c_str());
-    return s;
-  }
-  // Make the rename itself durable before anyone counts this shard.
-  return FsyncDir(step_dir);
+  return WriteDurably(path, path + ".tmp", image, bytes, &options);
 }
 
 bool AllShardsDurable(const std::string& dir, uint64_t step, int world_size) {
