@@ -236,6 +236,8 @@ class JobMaster {
   // call, so a burst of joins is checked at once). Returns true while a check
   // runs: scaling up waits for it.
   bool JoinerCheckGate(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends each node its RunCheck decision of a check round.
+  void PushRunChecks(CheckDecisions decisions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a running pre-flight check includes the node.
   bool InRunningCheck(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a running check when one of its nodes left the rendezvous.

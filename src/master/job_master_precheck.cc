@@ -33,6 +33,14 @@ absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& result) {
   return absl::OkStatus();
 }
 
+void JobMaster::PushRunChecks(CheckDecisions decisions) {
+  for (auto& [id, rc] : decisions) {
+    v1::Decision d;
+    *d.mutable_run_check() = std::move(rc);
+    Push(id, std::move(d));
+  }
+}
+
 bool JobMaster::Admissible(const std::string& node_id) const {
   return !precheck_.enabled || precheck_.passed.count(node_id) > 0;
 }
@@ -98,11 +106,7 @@ bool JobMaster::JoinerCheckGate(double now) {
   CheckDecisions decisions = c.Begin(std::move(joiners), now, /*joiners=*/true, std::move(reference));
   spdlog::info("job={} round={} pre-flight check of {} joining node(s) ({}) while the job trains", options_.job_id,
                round_, ids.size(), absl::StrJoin(ids, ", "));
-  for (auto& [id, rc] : decisions) {
-    v1::Decision d;
-    *d.mutable_run_check() = std::move(rc);
-    Push(id, std::move(d));
-  }
+  PushRunChecks(std::move(decisions));
   return true;
 }
 
@@ -127,11 +131,7 @@ bool JobMaster::PrecheckGate(double now) {
   message_ = absl::StrCat("pre-flight check of ", c.nodes().size(), " nodes (new: ", absl::StrJoin(unchecked, ", "),
                           "): round 1");
   spdlog::info("job={} {}", options_.job_id, message_);
-  for (auto& [id, rc] : decisions) {
-    v1::Decision d;
-    *d.mutable_run_check() = std::move(rc);
-    Push(id, std::move(d));
-  }
+  PushRunChecks(std::move(decisions));
   return true;
 }
 
@@ -141,11 +141,7 @@ void JobMaster::DrivePrecheck(double now) {
     message_ = absl::StrCat("pre-flight check of ", precheck_.coordinator.nodes().size(), " nodes: round ",
                             precheck_.coordinator.check_round());
     spdlog::info("job={} {}", options_.job_id, message_);
-    for (auto& [id, rc] : step.next) {
-      v1::Decision d;
-      *d.mutable_run_check() = std::move(rc);
-      Push(id, std::move(d));
-    }
+    PushRunChecks(std::move(step.next));
     return;
   }
   if (step.outcome.has_value()) ApplyPrecheckOutcome(*step.outcome, now);
