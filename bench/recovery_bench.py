@@ -21,14 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "examples", "train_ddp.py")
 PY = "/usr/bin/python3"
-
-
-def events(out, rank):
-    path = os.path.join(out, f"rank{rank}.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.strip()]
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from train_events import read_events as events  # noqa: E402  (the format train_ddp.py writes)
 
 
 def free_port():

@@ -4,7 +4,6 @@ Runs `ballast launch --nodes 2 --nproc-per-node 2 examples/train_ddp.py`, kills
 one worker with SIGKILL mid-run, and narrates how the job detected the failure,
 recovered, and finished. Run it with `make demo`.
 """
-import json
 import os
 import re
 import signal
@@ -13,18 +12,12 @@ import sys
 import tempfile
 import time
 
+from train_events import read_events as events
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BALLAST = os.environ.get("BALLAST_BIN", os.path.join(HERE, "..", "build", "bin", "ballast"))
 PYTHON = "/usr/bin/python3"
 STEPS = 30
-
-
-def events(out, rank):
-    path = os.path.join(out, f"rank{rank}.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.strip()]
 
 
 def say(t0, msg):

@@ -3,7 +3,7 @@
 An unchanged torchrun-style script: env:// init, gloo, a deterministic model.
 It checkpoints to --out/ckpt.pt after every step (rank 0; temp file + rename)
 and resumes from it, so a restarted world continues where it stopped.
-Each rank appends JSON lines to --out/rank<R>.jsonl: a "start" event (pid,
+Each rank appends JSON lines to --out/rank<R>.jsonl (train_events.py): a "start" event (pid,
 world size, restart count, round, first step), a "step" event per step, a
 "hang" event, and a "done" event, which the tests read.
 
@@ -13,7 +13,6 @@ so `--hang-timeout` can watch it; without it the script runs as it is.
 """
 import contextlib
 import argparse
-import json
 import os
 import sys
 import time
@@ -22,16 +21,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from train_events import append_event as log
+
 try:
     import ballast
 except ImportError:  # plain torchrun: no progress reports
     ballast = None
 
-
-def log(out, rank, **event):
-    event["t"] = time.time()
-    with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as f:
-        f.write(json.dumps(event) + "\n")
 
 
 def hang_forever():
