@@ -7,11 +7,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <thread>
 #include <tuple>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/net.h"
 #include "common/subprocess.h"
 #include "common/chaos.h"
@@ -36,9 +39,74 @@ bool Retryable(const absl::Status& s) { return absl::IsUnavailable(s) || absl::I
 
 std::string DeriveHost(const std::string& local_addr, const std::string& master_host) {
   if (!local_addr.empty()) return local_addr;
-  if (master_host == "localhost" || absl::StartsWith(master_host, "127.") || master_host == "::1")
-    return "127.0.0.1";
+  if (master_host.empty() || IsLoopbackHost(master_host)) return "127.0.0.1";
+  auto addr = LocalAddressToward(master_host);
+  if (addr.ok()) return *addr;
+  spdlog::warn("cannot find this host's address toward the master '{}' ({}); announcing the host name {} "
+               "(pass --local-addr if other nodes cannot resolve it)",
+               master_host, std::string(addr.status().message()), HostName());
   return HostName();
+}
+
+std::string AddGlooInterface(const std::string& host, std::map<std::string, std::string>* env) {
+  if (env->count("GLOO_SOCKET_IFNAME") > 0 || IsLoopbackHost(host)) return "";
+  std::string iface = InterfaceWithAddress(host);
+  if (iface.empty() || ResolvesToLocalNonLoopback(HostName())) return "";
+  (*env)["GLOO_SOCKET_IFNAME"] = iface;
+  return iface;
+}
+
+std::string RoundEndpoint::ToKvValue() const {
+  return absl::StrCat(Endpoint{host, port}.ToString(), " probe=", probe_port);
+}
+
+absl::StatusOr<RoundEndpoint> RoundEndpoint::FromKvValue(const std::string& value) {
+  std::string ep_text = value;
+  RoundEndpoint out;
+  if (size_t sp = value.find(" probe="); sp != std::string::npos) {
+    ep_text = value.substr(0, sp);
+    if (!absl::SimpleAtoi(value.substr(sp + 7), &out.probe_port) || out.probe_port < 0 || out.probe_port > 65535)
+      return absl::InvalidArgumentError(absl::StrCat("bad round endpoint '", value, "'"));
+  }
+  auto ep = ParseEndpoint(ep_text, -1);
+  if (!ep.ok()) return ep.status();
+  out.host = ep->host;
+  out.port = ep->port;
+  return out;
+}
+
+std::string JudgeStore(StoreWatch* w, const TcpPortUse& use, double now_s,
+                       const google::protobuf::RepeatedPtrField<v1::RoundMember>& members,
+                       const std::string& master_addr) {
+  if (w->done) return "";
+  if (!use.listening) {
+    // Not yet (rank 0 has not called init_process_group), or the store is
+    // gone with rank 0's worker (that failure is reported on its own).
+    if (w->listening_since.has_value()) w->done = true;
+    return "";
+  }
+  if (!w->listening_since.has_value()) w->listening_since = now_s;
+  if (now_s - *w->listening_since < w->timeout_s) return "";
+  w->done = true;
+  std::set<std::string> peers(use.accepted_peers.begin(), use.accepted_peers.end());
+  std::vector<std::string> missing;
+  for (const auto& m : members) {
+    auto addrs = ResolveNumeric(m.host());
+    if (!addrs.ok()) continue;  // cannot tell from here
+    bool connected = false;
+    for (const std::string& a : *addrs) connected = connected || peers.count(a) > 0;
+    if (!connected) {
+      missing.push_back(absl::StrCat("group rank ", m.group_rank(), " (node ", m.node_id(), ", host ", m.host(),
+                                     ", ranks ", m.rank_offset(), "-", m.rank_offset() + m.local_world_size() - 1,
+                                     ")"));
+    }
+  }
+  if (missing.empty()) return "";
+  return absl::StrCat("the process group did not form: no rank of ", absl::StrJoin(missing, ", "),
+                      " reached the torch store at MASTER_ADDR ", Endpoint{master_addr, w->port}.ToString(),
+                      " within ", w->timeout_s, " s after it started listening. Check that those nodes reach ",
+                      master_addr, " and that their scripts call init_process_group "
+                      "(BALLAST_STORE_CONNECT_TIMEOUT_S waits longer)");
 }
 
 std::string MakeNodeId() { return absl::StrCat(HostName(), "-", getpid(), "-", RandomHex(2)); }
@@ -96,6 +164,11 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   WorkerSpec spec;
   spec.argv = WorkerCommand(options_.run);
   spec.base_env = CurrentEnvironment();
+  if (std::string iface = AddGlooInterface(options_.host, &spec.base_env); !iface.empty()) {
+    spdlog::info("workers get GLOO_SOCKET_IFNAME={} (the interface of {}): this host's name {} does not resolve to "
+                 "a local address, and gloo would fall back to loopback",
+                 iface, options_.host, HostName());
+  }
   // `import ballast` in a worker finds the package built next to this binary
   // (an installed package needs nothing: then the directory does not exist).
   if (std::string pkg = PythonPackageDir(SelfExePath()); !pkg.empty()) {
@@ -243,6 +316,7 @@ int Agent::Run() {
     po.nproc_per_node = options_.run.nproc_per_node;
     po.python = options_.run.python;
     po.base_env = CurrentEnvironment();
+    AddGlooInterface(options_.host, &po.base_env);
     if (std::string pkg = PythonPackageDir(SelfExePath()); !pkg.empty()) {
       auto it = po.base_env.find("PYTHONPATH");
       po.base_env["PYTHONPATH"] = WorkerPythonPath(pkg, it == po.base_env.end() ? "" : it->second);
@@ -381,6 +455,8 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
 
 void Agent::StopWorkers(const std::string& why, bool breakpoint_save) {
   if (precheck_ != nullptr) precheck_->Stop();
+  probe_.reset();
+  store_watch_ = StoreWatch{};
   if (!workers_->started()) {
     running_round_ = false;
     return;
@@ -397,17 +473,28 @@ void Agent::StopWorkers(const std::string& why, bool breakpoint_save) {
   if (breakpoint_save && ckpt_ != nullptr && !kill_now_.load()) ckpt_->BreakpointSave(why);
 }
 
-absl::StatusOr<std::pair<std::string, int>> Agent::RoundMasterEndpoint(const v1::StartRound& start) {
+absl::StatusOr<RoundEndpoint> Agent::RoundMasterEndpoint(const v1::StartRound& start) {
   const std::string key = absl::StrCat("round/", start.round(), "/master_endpoint");
   if (start.group_rank() == 0) {
     auto port = PickFreePort("0.0.0.0");
     if (!port.ok()) return port.status();
-    std::string value = absl::StrCat(options_.host, ":", *port);
+    RoundEndpoint ep{options_.host, *port, 0};
+    // The other members connect here before their workers start (and so do
+    // we): an address they cannot reach fails the round at once, instead of
+    // every worker hanging in init_process_group.
+    auto probe = ProbeListener::Start();
+    if (probe.ok()) {
+      probe_ = std::move(*probe);
+      ep.probe_port = probe_->port();
+    } else {
+      spdlog::warn("cannot open the address probe ({}); members check only that {} resolves {}",
+                   std::string(probe.status().message()), options_.host, Fmt());
+    }
     absl::Status s;
     auto t0 = Clock::now();
     do {
-      s = client_->KvSet(key, value);
-      if (s.ok()) return std::make_pair(options_.host, *port);
+      s = client_->KvSet(key, ep.ToKvValue());
+      if (s.ok()) return ep;
       if (!Retryable(s) || SupersedingEventPending()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     } while (SecondsSince(t0) < 5.0);
@@ -421,17 +508,66 @@ absl::StatusOr<std::pair<std::string, int>> Agent::RoundMasterEndpoint(const v1:
     if (SupersedingEventPending()) return absl::AbortedError("superseded by a newer event");
     auto slice_start = Clock::now();
     auto r = client_->KvGet(key, std::min(1.0, std::max(0.0, wait_s - SecondsSince(t0))));
-    if (r.ok()) {
-      auto ep = ParseEndpoint(*r, -1);
-      if (!ep.ok()) return ep.status();
-      return std::make_pair(ep->host, ep->port);
-    }
+    if (r.ok()) return RoundEndpoint::FromKvValue(*r);
     last = r.status();
     if (!absl::IsNotFound(last) && !Retryable(last)) return last;
     if (SecondsSince(slice_start) < 0.1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return absl::DeadlineExceededError(absl::StrCat("group rank 0 did not publish ", key, " within ",
                                                   static_cast<int>(wait_s), " s (", last.message(), ")"));
+}
+
+std::string Agent::CheckRoundAddress(const v1::StartRound& start, const RoundEndpoint& ep) {
+  const double timeout_s = options_.tunables.addr_check_timeout_s;
+  absl::Status s = ep.probe_port > 0 ? CheckTcpConnect(ep.host, ep.probe_port, timeout_s)
+                                     : LocalAddressToward(ep.host).status();
+  // Without a probe port only the name can be checked.
+  if (s.ok() || (ep.probe_port == 0 && !absl::IsNotFound(s))) return "";
+  std::string rank0 = "group rank 0";
+  for (const auto& m : start.members()) {
+    if (m.group_rank() == 0) rank0 = absl::StrCat("group rank 0 (node ", m.node_id(), ")");
+  }
+  const bool self = start.group_rank() == 0;
+  return absl::StrCat(
+      "node rank ", options_.run.node_rank, " (node ", options_.node_id, ", host ", options_.host, ", group rank ",
+      start.group_rank(), ") cannot reach the round's MASTER_ADDR ", Endpoint{ep.host, ep.port}.ToString(),
+      self ? " (its own announced address)" : absl::StrCat(", announced by ", rank0), ": ", s.message(),
+      ". The workers would hang in init_process_group. ",
+      self ? "Pass `--local-addr ADDR` to this node's `ballast run` with an address of this host that every node "
+             "reaches (e.g. its IP)"
+           : absl::StrCat("Pass `--local-addr ADDR` to the `ballast run` of ", rank0,
+                          " with an address of its host that every node reaches (e.g. its IP), or make '", ep.host,
+                          "' resolve on every node"));
+}
+
+void Agent::WatchStore() {
+  if (store_watch_.port == 0 || store_watch_.done || round_failed_reported_) return;
+  const uint64_t now = MonotonicNowNs();
+  if (now < next_store_check_ns_) return;
+  next_store_check_ns_ = now + 1'000'000'000ull;
+  auto use = LocalTcpPortUse(store_watch_.port);
+  if (!use.ok()) {
+    store_watch_.done = true;  // cannot tell: say nothing rather than guess
+    spdlog::debug("store watch: {} {}", use.status().ToString(), Fmt());
+    return;
+  }
+  std::string cause =
+      JudgeStore(&store_watch_, *use, static_cast<double>(now) / 1e9, round_start_.members(), options_.host);
+  if (cause.empty()) return;
+  spdlog::error("{} {}", cause, Fmt());
+  v1::FailureReport report;
+  report.set_node_id(options_.node_id);
+  report.set_round(round_);
+  report.set_local_rank(0);
+  report.set_global_rank(0);
+  health::FailureEvidence evidence;
+  evidence.store_timeout = true;
+  health::FailureClass fc = health::Classify(evidence);
+  report.set_cause(cause);
+  report.set_kind(health::FailureKindName(fc.kind));
+  report.set_max_retries(fc.max_retries);
+  round_failed_reported_ = true;
+  ReportFailure(report);
 }
 
 void Agent::StartRound(const v1::StartRound& start) {
@@ -442,19 +578,29 @@ void Agent::StartRound(const v1::StartRound& start) {
   // Older workers go first: a new round never overlaps the old one.
   StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_));
   round_ = start.round();
+  round_start_ = start;
   if (ckpt_ != nullptr) ckpt_->set_round(round_);
   round_failed_reported_ = false;
   const int nproc = options_.run.nproc_per_node;
 
-  auto report_start_failure = [&](const std::string& cause) {
+  auto report_start_failure = [&](const std::string& cause, bool unreachable = false) {
     spdlog::error("cannot start the workers of round {}: {} {}", round_, cause, Fmt());
     v1::FailureReport report;
     report.set_node_id(options_.node_id);
     report.set_round(round_);
     report.set_local_rank(0);
     report.set_global_rank(start.rank_offset());
-    report.set_exit_code(127);
+    // No worker ran: an exit status of 127 ("could not start") unless the
+    // cause is the agent's own verdict.
+    report.set_exit_code(unreachable ? 0 : 127);
     report.set_cause(cause);
+    if (unreachable) {
+      health::FailureEvidence evidence;
+      evidence.master_addr_unreachable = true;
+      health::FailureClass fc = health::Classify(evidence);
+      report.set_kind(health::FailureKindName(fc.kind));
+      report.set_max_retries(fc.max_retries);
+    }
     round_failed_reported_ = true;
     ReportFailure(report);
   };
@@ -468,6 +614,10 @@ void Agent::StartRound(const v1::StartRound& start) {
     report_start_failure(absl::StrCat("no MASTER_ADDR/MASTER_PORT for the round: ", endpoint.status().message()));
     return;
   }
+  if (std::string cause = CheckRoundAddress(start, *endpoint); !cause.empty()) {
+    report_start_failure(cause, /*unreachable=*/true);
+    return;
+  }
 
   RoundSpec rs;
   rs.round = start.round();
@@ -479,8 +629,8 @@ void Agent::StartRound(const v1::StartRound& start) {
   rs.restart_count = start.restart_count();
   rs.max_restarts = start.max_restarts();
   rs.run_id = start.run_id();
-  rs.master_addr = endpoint->first;
-  rs.master_port = endpoint->second;
+  rs.master_addr = endpoint->host;
+  rs.master_port = endpoint->port;
   // No worker runs now: the cells start clean, and the first-step grace counts from here.
   if (progress_ != nullptr) progress_->Reset();
   round_started_ns_ = MonotonicNowNs();
@@ -495,6 +645,11 @@ void Agent::StartRound(const v1::StartRound& start) {
     return;
   }
   running_round_ = true;
+  store_watch_ = StoreWatch{};
+  if (start.rank_offset() == 0 && start.world_size() > 1) {
+    store_watch_.port = rs.master_port;
+    store_watch_.timeout_s = options_.tunables.store_connect_timeout_s;
+  }
   PublishState();
   spdlog::info("round {}: node {} of {}, ranks {}-{} of {}, restart {}/{}, MASTER_ADDR={}:{} {}", round_,
                start.group_rank(), start.group_world_size(), start.rank_offset(), start.rank_offset() + nproc - 1,
@@ -576,6 +731,7 @@ std::optional<int> Agent::PollWorkers() {
   if (!events.empty()) PublishState();
   if (running_round_) {
     CheckHangs();
+    WatchStore();
     MaybeReportProgress();
   }
   return std::nullopt;

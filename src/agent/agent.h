@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,7 @@
 #include "agent/run_options.h"
 #include "agent/worker_group.h"
 #include "ballast/v1/master.pb.h"
+#include "common/net.h"
 #include "common/tunables.h"
 
 namespace ballast::agent {
@@ -52,8 +54,47 @@ struct AgentOptions {
   bool flash_checkpoint = true;
 };
 
-// "127.0.0.1" for a loopback / localhost master, else local_addr or HostName().
+// The address other nodes reach this node at: local_addr when given;
+// "127.0.0.1" for a loopback / localhost master; else the local address of
+// this host's route to the master (a network the master, and so the other
+// nodes, reach; a host name may not resolve elsewhere); HostName() when even
+// that is unknown (the master's name does not resolve here).
 std::string DeriveHost(const std::string& local_addr, const std::string& master_host);
+// Adds GLOO_SOCKET_IFNAME to a worker environment when gloo could not pick a
+// usable interface by itself: this host's name does not resolve to a local,
+// non-loopback address (gloo then falls back to loopback, and every
+// cross-host connection hangs), `host` is a numeric address of an interface
+// here, and the user did not set the variable. Returns the interface set, or "".
+std::string AddGlooInterface(const std::string& host, std::map<std::string, std::string>* env);
+
+// The round's MASTER_ADDR:PORT, as group rank 0 publishes it in the master's
+// KV store ("host:port probe=P"): probe_port is a port on the same host that
+// accepts connections, so members can prove they reach the address before
+// their workers start (0: none was published).
+struct RoundEndpoint {
+  std::string host;
+  int port = 0;
+  int probe_port = 0;
+  std::string ToKvValue() const;
+  static absl::StatusOr<RoundEndpoint> FromKvValue(const std::string& value);
+};
+
+// The process group's formation, seen from the node of global rank 0: its
+// TCPStore listens on MASTER_PORT and every rank connects to it (torch opens
+// one or two connections per rank, so only "none from a node" is certain).
+// `use` is what /proc/net/tcp says about that port now. Once the store has
+// listened for timeout_s, the watch is done: it returns the failure cause when
+// some member node has no connection to the store at all (naming those
+// nodes), else "". Members whose host does not resolve here are not judged.
+struct StoreWatch {
+  int port = 0;            // 0: not watching
+  double timeout_s = 0;
+  std::optional<double> listening_since;  // seconds, any monotonic clock
+  bool done = false;
+};
+std::string JudgeStore(StoreWatch* watch, const TcpPortUse& use, double now_s,
+                       const google::protobuf::RepeatedPtrField<v1::RoundMember>& members,
+                       const std::string& master_addr);
 // "<hostname>-<pid>-<4 hex>".
 std::string MakeNodeId();
 // <dir of exe_path>/../python when that directory exists (the build tree's
@@ -120,7 +161,14 @@ class Agent {
   std::optional<int> PollWorkers();
   // Resolves MASTER_ADDR/PORT for the round; kAborted when a pending event
   // (newer decision, signal) superseded the start while waiting.
-  absl::StatusOr<std::pair<std::string, int>> RoundMasterEndpoint(const v1::StartRound& start);
+  absl::StatusOr<RoundEndpoint> RoundMasterEndpoint(const v1::StartRound& start);
+  // Every member, before its workers start: the round's MASTER_ADDR resolves
+  // here and its probe port accepts a connection. The failure cause names this
+  // node and says what to pass, or "".
+  std::string CheckRoundAddress(const v1::StartRound& start, const RoundEndpoint& ep);
+  // On the node of global rank 0: fails the round when a member node never
+  // reached the torch store (JudgeStore).
+  void WatchStore();
   void ReportFailure(const v1::FailureReport& report);
   // Stops the workers; then, unless the job succeeded, the breakpoint save.
   void StopWorkers(const std::string& why, bool breakpoint_save = true);
@@ -151,6 +199,12 @@ class Agent {
   uint64_t chaos_kill_at_ns_ = 0;
   uint64_t round_started_ns_ = 0;       // CLOCK_MONOTONIC when round_'s workers started
   uint64_t next_progress_report_ns_ = 0;
+  // Group rank 0: accepts the other members' address checks while round_ runs.
+  std::unique_ptr<ProbeListener> probe_;
+  // Group rank 0: the round's TCPStore (StoreWatch); port 0 = not watching.
+  StoreWatch store_watch_;
+  uint64_t next_store_check_ns_ = 0;
+  v1::StartRound round_start_;  // the StartRound of round_
 
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/net.h"
 #include "common/node_range.h"
@@ -158,6 +159,61 @@ TEST(Subprocess, TerminateKillsWholeGroup) {
     if (!gone) usleep(10000);
   }
   EXPECT_TRUE(gone) << "grandchild " << grandchild << " survived";
+}
+
+TEST(ProcNetTcp, ListenerAndAcceptedPeersOfOnePort) {
+  // 127.0.0.1:33713 listening; accepted from 10.0.0.2:40000 and 127.0.0.1;
+  // a client socket of port 33713 elsewhere and another local port ignored.
+  const char* v4 =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+      "   0: 00000000:83B1 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n"
+      "   1: 0100007F:83B1 0200000A:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1\n"
+      "   2: 0100007F:83B1 0100007F:9C41 01 00000000:00000000 00:00000000 00000000     0        0 3 1\n"
+      "   3: 0100007F:9C41 0100007F:83B1 01 00000000:00000000 00:00000000 00000000     0        0 4 1\n"
+      "   4: 0100007F:1F90 0300000A:9C40 01 00000000:00000000 00:00000000 00000000     0        0 5 1\n"
+      "   5: garbage\n";
+  TcpPortUse use;
+  ParseProcNetTcp(v4, /*ipv6=*/false, 0x83B1, &use);
+  EXPECT_TRUE(use.listening);
+  EXPECT_EQ(use.accepted_peers, (std::vector<std::string>{"10.0.0.2", "127.0.0.1"}));
+  // tcp6: an IPv4-mapped peer (::ffff:10.0.0.3) and a real IPv6 one (::1).
+  const char* v6 =
+      "  sl  local_address                         remote_address                        st\n"
+      "   0: 0000000000000000FFFF00000100007F:83B1 0000000000000000FFFF00000300000A:9C40 01 0 0 0 0 0 0 0 0\n"
+      "   1: 00000000000000000000000001000000:83B1 00000000000000000000000001000000:9C42 01 0 0 0 0 0 0 0 0\n";
+  TcpPortUse use6;
+  ParseProcNetTcp(v6, /*ipv6=*/true, 0x83B1, &use6);
+  EXPECT_FALSE(use6.listening);
+  EXPECT_EQ(use6.accepted_peers, (std::vector<std::string>{"10.0.0.3", "::1"}));
+}
+
+TEST(ProbeListener, AcceptsConnectionsUntilDestroyed) {
+  auto probe = ProbeListener::Start();
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  int port = (*probe)->port();
+  EXPECT_TRUE(CheckTcpConnect("127.0.0.1", port, 2.0).ok());
+  auto use = LocalTcpPortUse(port);
+  ASSERT_TRUE(use.ok());
+  EXPECT_TRUE(use->listening);
+  probe->reset();
+  absl::Status s = CheckTcpConnect("127.0.0.1", port, 2.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(s.message()).find(absl::StrCat("127.0.0.1:", port)), std::string::npos) << s;
+}
+
+TEST(CheckTcpConnect, UnresolvableNameIsNotFoundNamingIt) {
+  absl::Status s = CheckTcpConnect("no-such-host.invalid", 80, 1.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(s.message()).find("cannot resolve 'no-such-host.invalid'"), std::string::npos) << s;
+}
+
+TEST(LocalAddressToward, LoopbackMasterGivesLoopbackAndNumericResolution) {
+  EXPECT_EQ(*LocalAddressToward("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(LocalAddressToward("no-such-host.invalid").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(InterfaceWithAddress("127.0.0.1"), "lo");
+  EXPECT_EQ(*ResolveNumeric("127.0.0.1"), (std::vector<std::string>{"127.0.0.1"}));
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
 // Small networking helpers: host:port parsing, free ports, host name.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ballast {
@@ -24,5 +30,68 @@ std::string HostName();
 
 // Random hex string of `bytes` random bytes from /dev/urandom (tokens, ids).
 std::string RandomHex(int bytes);
+
+// --- Addresses that work across hosts ---
+
+// Whether `host` is a loopback name or address (localhost, 127.x, ::1).
+bool IsLoopbackHost(const std::string& host);
+
+// The numeric local address this host sends from to reach `host` (the route's
+// source address, found with a UDP connect: no packet is sent). It is on a
+// network `host` reaches, so other nodes on that network reach it too.
+// kNotFound when `host` does not resolve, kUnavailable without a route.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host);
+
+// The numeric addresses `host` resolves to (IPv4-mapped IPv6 as IPv4);
+// kNotFound naming the host when it does not resolve.
+absl::StatusOr<std::vector<std::string>> ResolveNumeric(const std::string& host);
+
+// Connects to host:port over TCP within timeout_s and closes again. kNotFound
+// when the name does not resolve ("cannot resolve 'h': Name or service not
+// known"), kUnavailable when no connection could be made (refused, no route,
+// timed out), each naming host and port.
+absl::Status CheckTcpConnect(const std::string& host, int port, double timeout_s);
+
+// Whether `host` (e.g. this machine's name) resolves to an address of this
+// machine that is not loopback: what gloo needs of the host name to pick a
+// network interface by itself (it falls back to loopback otherwise).
+bool ResolvesToLocalNonLoopback(const std::string& host);
+
+// The network interface holding the numeric address `addr` ("" if none).
+std::string InterfaceWithAddress(const std::string& addr);
+
+// A TCP listener on every address (port picked by the kernel) that accepts
+// connections and closes them at once: other nodes connect to it to prove that
+// an address of this host is reachable from theirs. One thread; the destructor
+// stops it.
+class ProbeListener {
+ public:
+  static absl::StatusOr<std::unique_ptr<ProbeListener>> Start();
+  ~ProbeListener();
+  ProbeListener(const ProbeListener&) = delete;
+  ProbeListener& operator=(const ProbeListener&) = delete;
+  int port() const { return port_; }
+
+ private:
+  ProbeListener(int fd, int port);
+  int fd_;
+  int port_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// --- Who talks to a local TCP port (/proc/net/tcp, /proc/net/tcp6) ---
+
+struct TcpPortUse {
+  bool listening = false;                   // a socket listens on the port
+  std::vector<std::string> accepted_peers;  // remote addresses of ESTABLISHED sockets on that local port
+};
+
+// Adds what one /proc/net/tcp (ipv6 = false) or /proc/net/tcp6 (ipv6 = true)
+// text says about local port `port` to *use. IPv4-mapped IPv6 peers are
+// written as IPv4 ("10.0.0.2"). Malformed lines are skipped.
+void ParseProcNetTcp(std::string_view text, bool ipv6, int port, TcpPortUse* use);
+// Both tables of this network namespace.
+absl::StatusOr<TcpPortUse> LocalTcpPortUse(int port);
 
 }  // namespace ballast

@@ -51,6 +51,12 @@ namespace ballast {
     "reports of the round arrive too and the rank outside a collective is blamed.")           \
   X(double, progress_report_interval_s, 2.0,                                                   \
     "Seconds between an agent's progress reports (min step, step time) to the master.")       \
+  X(double, addr_check_timeout_s, 5.0,                                                        \
+    "Before a round's workers start, every node connects to the round's MASTER_ADDR (a probe " \
+    "port of group rank 0) for up to this long; a node that cannot fails the round.")         \
+  X(double, store_connect_timeout_s, 300.0,                                                     \
+    "The node of rank 0 fails the round when, this long after its torch store started "        \
+    "listening, not every rank has connected to it (the process group did not form).")       \
   X(double, straggler_factor, 2.0,                                                             \
     "A node whose step time exceeds this factor times the median over the round's nodes is "  \
     "a straggler (needs at least 2 reporting nodes).")

@@ -13,6 +13,9 @@ namespace {
 
 // Out-of-memory failures: one retry (a transient spike) and then the job fails.
 constexpr int kOomRetries = 1;
+// Addresses that do not work: one retry (a node or link that was just coming
+// up), then the job fails with the message that says what to pass.
+constexpr int kNetworkRetries = 1;
 
 struct Rule {
   const char* name;
@@ -28,6 +31,8 @@ struct Rule {
 bool Hang(const FailureEvidence& e) { return e.hang; }
 bool CheckFailed(const FailureEvidence& e) { return e.check_failed; }
 bool OomKilled(const FailureEvidence& e) { return e.oom_killed; }
+bool Unreachable(const FailureEvidence& e) { return e.master_addr_unreachable; }
+bool StoreTimeout(const FailureEvidence& e) { return e.store_timeout; }
 
 // Checked in order; the first match wins. Evidence from the supervisor comes
 // first, then what the program said (a CUDA OOM also says "CUDA error"), then
@@ -35,6 +40,10 @@ bool OomKilled(const FailureEvidence& e) { return e.oom_killed; }
 const Rule kRules[] = {
     {"hang", FailureKind::kHang, Hang, 0, nullptr, "hung (no progress)", -1},
     {"check-failed", FailureKind::kCheckFailed, CheckFailed, 0, nullptr, "failed the pre-flight check", -1},
+    {"unreachable", FailureKind::kUnreachable, Unreachable, 0, nullptr, "cannot reach the round's MASTER_ADDR",
+     kNetworkRetries},
+    {"store-timeout", FailureKind::kStoreTimeout, StoreTimeout, 0, nullptr, "the process group did not form",
+     kNetworkRetries},
     {"oom-killer", FailureKind::kOomKilled, OomKilled, 0, nullptr, "killed by the kernel's OOM killer",
      kOomRetries},
     {"cuda-oom", FailureKind::kOutOfMemory, nullptr, 0,
@@ -129,6 +138,8 @@ const char* FailureKindName(FailureKind kind) {
     case FailureKind::kNcclError: return "nccl-error";
     case FailureKind::kHang: return "hang";
     case FailureKind::kCheckFailed: return "check-failed";
+    case FailureKind::kUnreachable: return "unreachable";
+    case FailureKind::kStoreTimeout: return "store-timeout";
   }
   return "unknown";
 }

@@ -25,6 +25,8 @@ enum class FailureKind {
   kNcclError,
   kHang,         // no progress for the hang timeout
   kCheckFailed,  // the pre-flight check failed on this node
+  kUnreachable,  // this node cannot reach the round's MASTER_ADDR
+  kStoreTimeout, // the workers' process group did not form in time
 };
 
 // What the supervisor knows about one failure.
@@ -35,6 +37,8 @@ struct FailureEvidence {
   bool oom_killed = false;      // the OOM killer acted (e.g. cgroup memory.events)
   bool hang = false;            // the worker was stopped because it hung
   bool check_failed = false;    // the node failed the pre-flight check
+  bool master_addr_unreachable = false;  // the round's MASTER_ADDR did not resolve or connect
+  bool store_timeout = false;   // not every rank reached the torch store in time
 };
 
 struct FailureClass {
@@ -50,7 +54,8 @@ struct FailureClass {
 FailureClass Classify(const FailureEvidence& evidence);
 
 // "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
-// "cuda-error", "nccl-error", "hang", "check-failed".
+// "cuda-error", "nccl-error", "hang", "check-failed", "unreachable",
+// "store-timeout".
 const char* FailureKindName(FailureKind kind);
 
 }  // namespace ballast::health

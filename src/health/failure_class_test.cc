@@ -69,6 +69,17 @@ TEST(Classify, HangAndCheckFailureComeFromTheSupervisor) {
   EXPECT_EQ(Classify({.check_failed = true}).cause, "failed the pre-flight check");
 }
 
+TEST(Classify, UnreachableAddressAndStoreTimeoutGetOneRetry) {
+  FailureClass u = Classify({.master_addr_unreachable = true});
+  EXPECT_EQ(u.kind, FailureKind::kUnreachable);
+  EXPECT_EQ(u.max_retries, 1);
+  EXPECT_STREQ(FailureKindName(u.kind), "unreachable");
+  FailureClass t = Classify({.store_timeout = true});
+  EXPECT_EQ(t.kind, FailureKind::kStoreTimeout);
+  EXPECT_EQ(t.max_retries, 1);
+  EXPECT_STREQ(FailureKindName(t.kind), "store-timeout");
+}
+
 TEST(Classify, LongMatchingLineIsTrimmed) {
   std::string tail = "NCCL error " + std::string(500, 'x');
   EXPECT_LE(Classify({.exit_code = 1, .stderr_tail = tail}).cause.size(), 220u);

@@ -8,6 +8,9 @@
 namespace ballast::master {
 
 std::string FaultPolicy::DescribeCause(const v1::FailureReport& report) {
+  // No exit status: the agent's own verdict (e.g. an unreachable MASTER_ADDR
+  // before any worker started, a process group that never formed).
+  if (report.signal() == 0 && report.exit_code() == 0 && !report.cause().empty()) return report.cause();
   std::string cause = report.signal() != 0 ? absl::StrCat("killed by ", SignalName(report.signal()))
                                            : absl::StrCat("exit code ", report.exit_code());
   if (report.cause().empty() || absl::StrContains(cause, report.cause())) return cause;

@@ -70,6 +70,12 @@ TEST(FaultPolicy, AgentClassificationReplacesPlainCauseWhenItSaysMore) {
   EXPECT_EQ(FaultPolicy::DescribeCause(r), r.cause());
 }
 
+TEST(FaultPolicy, ReportWithoutExitStatusIsDescribedByItsCauseAlone) {
+  v1::FailureReport r = Report(1, 0);
+  r.set_cause("node rank 1 cannot reach the round's MASTER_ADDR host1:29500");
+  EXPECT_EQ(FaultPolicy::DescribeCause(r), r.cause());
+}
+
 TEST(FaultPolicy, OutOfMemoryIsNotRetriedForever) {
   FaultPolicy p(10);
   v1::FailureReport oom = Report(1, 1);
