@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -156,7 +157,12 @@ v1::JobSpec JoinSpec(const RunOptions& o) {
 }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
-  if (options_.node_id.empty()) options_.node_id = MakeNodeId();
+  if (options_.node_id.empty()) {
+    // A scheduler names its nodes (a pod, a local node): the agent takes that
+    // name, so messages and the scheduler's objects agree.
+    const char* given = std::getenv("BALLAST_NODE_ID");
+    options_.node_id = given != nullptr && *given != '\0' ? given : MakeNodeId();
+  }
   if (options_.host.empty()) {
     auto ep = ParseEndpoint(options_.endpoint, -1);
     options_.host = DeriveHost(options_.run.local_addr, ep.ok() ? ep->host : "");

@@ -1,6 +1,7 @@
 // ballast launch: the local backend. Runs a whole job on this machine: an
 // in-process master and N agents (`ballast run`), each agent one "node". When
-// an agent dies, a replacement agent is started (what relaunching a pod is on
+// an agent dies (or the master loses or excludes it), NodeManager starts a
+// replacement agent for its node rank (what relaunching a pod is on
 // Kubernetes), up to --max-replacements, so a crash loop cannot spin forever.
 //
 // Threading: everything runs on the main thread except the master's own
@@ -25,6 +26,7 @@
 #include "common/tunables.h"
 #include "master/master_server.h"
 #include "scheduler/local/local_scheduler.h"
+#include "scheduler/node_manager.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::cli {
@@ -147,6 +149,15 @@ int LaunchCommand(const Args& args) {
   mopts.max_nodes = range->max;
   mopts.node_unit = f.node_unit;
   mopts.max_restarts = f.max_restarts;
+  // The master tells the node manager (created once the master's address is
+  // known, before any agent starts) which nodes it lost or excluded.
+  std::atomic<scheduler::NodeManager*> node_manager{nullptr};
+  mopts.on_node_lost = [&node_manager](const std::string& id, const std::string& reason) {
+    if (auto* n = node_manager.load()) n->OnNodeLost(id, reason);
+  };
+  mopts.on_node_excluded = [&node_manager](const std::string& id, const std::string& reason) {
+    if (auto* n = node_manager.load()) n->OnNodeExcluded(id, reason);
+  };
   auto server = master::MasterServer::Start(mopts);
   if (!server.ok()) {
     std::fprintf(stderr, "ballast launch: %s\n", std::string(server.status().message()).c_str());
@@ -159,50 +170,36 @@ int LaunchCommand(const Args& args) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  scheduler::LocalScheduler sched;
-  int next_node = 0;
-  std::map<std::string, int> rank_hint;  // node name -> --node-rank it was started with
   // Chaos faults hit the agent of a node rank whose incarnation they name
   // (the first by default): a replacement is a healthy node unless a fault
   // names its incarnation.
-  std::map<int, int> incarnations;  // node rank -> agents started for it
-  auto launch_node = [&](int hint) -> absl::Status {
-    std::string name = absl::StrCat("node-", next_node++);
-    scheduler::NodeSpec spec{name, AgentArgv(f, m.address(), hint), {{"BALLAST_TOKEN", m.token()}}};
+  scheduler::LocalScheduler sched([&](const scheduler::NodeRequest& r) {
+    scheduler::LocalCommand cmd{AgentArgv(f, m.address(), r.node_rank), {{"BALLAST_TOKEN", m.token()}}};
     if (!f.chaos.empty()) {
-      spec.env[kChaosEnv] = f.chaos;
-      spec.env[kChaosIncarnationEnv] = std::to_string(++incarnations[hint]);
+      cmd.env[kChaosEnv] = f.chaos;
+      cmd.env[kChaosIncarnationEnv] = std::to_string(r.incarnation);
     }
-    rank_hint[name] = hint;
-    return sched.LaunchNode(spec);
-  };
-  for (int i = 0; i < f.start_nodes; ++i) {
-    if (auto st = launch_node(i); !st.ok()) {
-      std::fprintf(stderr, "ballast launch: cannot start agent %d: %s\n", i, std::string(st.message()).c_str());
-      sched.StopAll(0);
-      return 1;
-    }
+    return cmd;
+  });
+  scheduler::NodeManagerOptions nmo;
+  nmo.initial_nodes = f.start_nodes;
+  nmo.max_replacements = f.max_replacements;
+  nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
+  scheduler::NodeManager nodes(&sched, nmo);
+  node_manager.store(&nodes);
+  if (auto st = nodes.Start(); !st.ok()) {
+    std::fprintf(stderr, "ballast launch: %s\n", std::string(st.message()).c_str());
+    sched.StopAll(0);
+    return 1;
   }
 
-  int replacements = 0;
   std::optional<master::JobResult> result;
   std::string launch_failure;
   while (!result.has_value() && g_signal.load() == 0) {
     result = m.WaitForFinish(0.1);
     if (result.has_value()) break;
-    for (const auto& exit : sched.PollExited()) {
-      int hint = rank_hint[exit.name];
-      if (replacements >= f.max_replacements) {
-        spdlog::error("agent {} exited ({}); not replacing it: --max-replacements {} used up", exit.name,
-                      exit.status.Describe(), f.max_replacements);
-        continue;
-      }
-      ++replacements;
-      spdlog::warn("agent {} exited ({}); starting a replacement node ({}/{})", exit.name, exit.status.Describe(),
-                   replacements, f.max_replacements);
-      if (auto st = launch_node(hint); !st.ok()) spdlog::error("cannot start a replacement agent: {}", std::string(st.message()));
-    }
-    if (sched.RunningNodes().empty() && !result.has_value()) {
+    nodes.Poll(/*job_finished=*/false);
+    if (nodes.Exhausted()) {
       result = m.WaitForFinish(0.5);  // the last agent may have exited right after the job ended
       if (!result.has_value()) {
         launch_failure = absl::StrCat("every agent exited and --max-replacements ", f.max_replacements,
@@ -223,7 +220,7 @@ int LaunchCommand(const Args& args) {
   // to, then stop whatever is left.
   const double linger = Tunables::Get().finish_linger_s;
   for (int i = 0; i < static_cast<int>(linger * 20) && !sched.RunningNodes().empty(); ++i) {
-    sched.PollExited();
+    nodes.Poll(/*job_finished=*/true);
     usleep(50000);
   }
   sched.StopAll(Tunables::Get().stop_grace_s);
@@ -234,7 +231,7 @@ int LaunchCommand(const Args& args) {
   }
   if (result->succeeded) {
     spdlog::info("job {} succeeded: {} worker restart(s), {} node replacement(s)", m.job_id(), result->restart_count,
-                 replacements);
+                 nodes.replacements());
     return 0;
   }
   std::fprintf(stderr, "ballast launch: job %s failed: %s\n", m.job_id().c_str(), result->message.c_str());

@@ -89,6 +89,10 @@ struct JobMasterOptions {
   ClockInterface* clock = nullptr;  // required; borrowed
   // Called (outside the lock) when a node dies or leaves while the job runs.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
+  // Called when a node is excluded from the job (it failed the pre-flight
+  // check, or is a straggler there with exclude_stragglers). Runs WITH the
+  // lock held: it must only queue (NodeManager::OnNodeExcluded does).
+  std::function<void(const std::string& node_id, const std::string& reason)> on_node_excluded;
 };
 
 // kInvalidArgument with a message that says what to fix, or OK.

@@ -160,6 +160,7 @@ void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reaso
   v1::Decision d;
   d.mutable_excluded()->set_reason(reason);
   Push(node_id, std::move(d));
+  if (options_.on_node_excluded) options_.on_node_excluded(node_id, reason);
 }
 
 void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now) {

@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   jo.exclude_stragglers = options.exclude_stragglers;
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
+  jo.on_node_excluded = options.on_node_excluded;
   RETURN_IF_ERROR(ValidateJobMasterOptions(jo));
 
   std::unique_ptr<MasterServer> server(new MasterServer());

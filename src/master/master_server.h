@@ -43,6 +43,9 @@ struct MasterOptions {
   // Called (outside the master's lock) when a node dies or leaves, with its id
   // and the reason. The scheduler seam hooks in here.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
+  // Called with the master's lock held when a node is excluded (failed the
+  // pre-flight check): it must only queue.
+  std::function<void(const std::string& node_id, const std::string& reason)> on_node_excluded;
 };
 
 struct JobResult {

@@ -1,7 +1,14 @@
-// The scheduler seam: how the job gets (and replaces) nodes. A node is one
-// `ballast run` agent. Backends: local processes (local/, the embedded default
-// behind `ballast launch`); Slurm and Kubernetes come later behind the same
-// interface.
+// The scheduler seam: how the job gets, replaces and gives back nodes. A node
+// is one `ballast run` agent; its name is the agent's node id
+// (BALLAST_NODE_ID), so the master's messages and the scheduler's objects
+// (a process, a pod, a Slurm step) name it the same way.
+//
+// The master decides (replace this node, avoid that host, stop waiting for a
+// pending one): that policy lives in one place, NodeManager
+// (node_manager.h), for every backend. A backend only carries decisions out
+// and reports what its scheduler saw. Backends: local processes (local/,
+// behind `ballast launch`) and Kubernetes pods (kubernetes/, behind
+// `ballast master --kubernetes-job`).
 //
 // Thread safety: implementations are driven from one thread (the launcher's
 // loop) unless they say otherwise.
@@ -17,31 +24,48 @@
 
 namespace ballast::scheduler {
 
-// What to run for one node.
-struct NodeSpec {
-  std::string name;                         // unique, e.g. "node-3"
-  std::vector<std::string> argv;            // the agent command line
-  std::map<std::string, std::string> env;   // extra environment (token, tunables)
+// A node to start: the `incarnation`-th agent of node rank `node_rank`.
+struct NodeRequest {
+  std::string name;          // unique in the job; also the agent's node id
+  int node_rank = 0;         // the agent's --node-rank (the rank hint nodes are ordered by)
+  int incarnation = 1;       // 1 = the rank's first agent, 2 = its first replacement, ...
+  // Hosts not to place it on (where nodes failed the pre-flight check).
+  std::vector<std::string> avoid_hosts;
 };
 
-// A node whose agent ended.
-struct NodeExit {
+// Something the scheduler saw happen to a node.
+struct NodeEvent {
+  enum class Kind {
+    kStarted,         // the agent runs (host known)
+    kExited,          // the agent ended (status: its exit status)
+    kLost,            // the scheduler lost it: deleted, evicted, its host down (reason)
+    kPendingTooLong,  // not started after the backend's pending timeout (reason: what the scheduler says)
+  };
+  Kind kind = Kind::kStarted;
   std::string name;
-  ExitStatus status;
+  std::string host;    // where it runs or ran, as the scheduler names it ("" unknown)
+  ExitStatus status;   // kExited
+  std::string reason;  // kLost, kPendingTooLong
 };
+
+const char* NodeEventKindName(NodeEvent::Kind kind);
 
 class SchedulerInterface {
  public:
   virtual ~SchedulerInterface() = default;
-  // Starts a node; returns once it was handed to the backend (not once it joined).
-  virtual absl::Status LaunchNode(const NodeSpec& spec) = 0;
-  // Nodes whose agents ended since the last call.
-  virtual std::vector<NodeExit> PollExited() = 0;
-  // Names of nodes still running.
+  // "local", "kubernetes": for messages.
+  virtual std::string Kind() const = 0;
+  // Starts a node; returns once it was handed to the backend (not once it
+  // runs, nor once it joined). kAlreadyExists for a name in use.
+  virtual absl::Status LaunchNode(const NodeRequest& request) = 0;
+  // Gives a node back: stops its agent (SIGTERM, SIGKILL after grace_s) and
+  // frees what it held (the pod). NotFound if unknown. `reason` is recorded.
+  virtual absl::Status ReleaseNode(const std::string& name, const std::string& reason, double grace_s) = 0;
+  // What happened since the last call.
+  virtual std::vector<NodeEvent> Poll() = 0;
+  // Names of nodes launched and not yet ended or released.
   virtual std::vector<std::string> RunningNodes() const = 0;
-  // Stops one node (SIGTERM, SIGKILL after grace_s). NotFound if unknown.
-  virtual absl::Status StopNode(const std::string& name, double grace_s) = 0;
-  // Stops every node.
+  // Stops every node (the job is over, or the launcher stops).
   virtual void StopAll(double grace_s) = 0;
 };
 

@@ -11,29 +11,53 @@ namespace ballast::scheduler {
 
 LocalScheduler::~LocalScheduler() { StopAll(0); }
 
-absl::Status LocalScheduler::LaunchNode(const NodeSpec& spec) {
-  if (nodes_.count(spec.name) != 0)
-    return absl::AlreadyExistsError(absl::StrCat("node ", spec.name, " is already running"));
+const char* NodeEventKindName(NodeEvent::Kind kind) {
+  switch (kind) {
+    case NodeEvent::Kind::kStarted: return "started";
+    case NodeEvent::Kind::kExited: return "exited";
+    case NodeEvent::Kind::kLost: return "lost";
+    case NodeEvent::Kind::kPendingTooLong: return "pending too long";
+  }
+  return "unknown";
+}
+
+absl::Status LocalScheduler::LaunchNode(const NodeRequest& request) {
+  if (nodes_.count(request.name) != 0)
+    return absl::AlreadyExistsError(absl::StrCat("node ", request.name, " is already running"));
+  LocalCommand cmd = command_for_(request);
   SpawnOptions opts;
-  opts.argv = spec.argv;
+  opts.argv = cmd.argv;
   opts.env = CurrentEnvironment();
-  for (const auto& [k, v] : spec.env) opts.env[k] = v;
+  for (const auto& [k, v] : cmd.env) opts.env[k] = v;
+  opts.env["BALLAST_NODE_ID"] = request.name;
   // Each agent leads its own process group: the launcher's terminal signals go
   // to the launcher, which stops agents in order (workers first).
   opts.new_process_group = true;
   opts.die_with_parent = true;
   auto proc = Subprocess::Spawn(opts);
   if (!proc.ok()) return proc.status();
-  spdlog::info("local scheduler: started {} (pid {})", spec.name, proc->pid());
-  nodes_.emplace(spec.name, std::move(*proc));
+  spdlog::info("local scheduler: started {} (node rank {}, agent {}, pid {})", request.name, request.node_rank,
+               request.incarnation, proc->pid());
+  nodes_.emplace(request.name, std::move(*proc));
+  NodeEvent e;
+  e.kind = NodeEvent::Kind::kStarted;
+  e.name = request.name;
+  e.host = "localhost";
+  started_.push_back(e);
   return absl::OkStatus();
 }
 
-std::vector<NodeExit> LocalScheduler::PollExited() {
-  std::vector<NodeExit> exited;
+std::vector<NodeEvent> LocalScheduler::Poll() {
+  std::vector<NodeEvent> events = std::move(started_);
+  started_.clear();
   for (auto it = nodes_.begin(); it != nodes_.end();) {
     if (auto st = it->second.Poll(); st.has_value()) {
-      exited.push_back({it->first, *st});
+      NodeEvent e;
+      e.kind = NodeEvent::Kind::kExited;
+      e.name = it->first;
+      e.host = "localhost";
+      e.status = *st;
+      events.push_back(e);
       // Reap leftovers of the agent's group (its workers die with it anyway).
       it->second.Terminate(0);
       it = nodes_.erase(it);
@@ -41,7 +65,7 @@ std::vector<NodeExit> LocalScheduler::PollExited() {
       ++it;
     }
   }
-  return exited;
+  return events;
 }
 
 std::vector<std::string> LocalScheduler::RunningNodes() const {
@@ -50,9 +74,10 @@ std::vector<std::string> LocalScheduler::RunningNodes() const {
   return names;
 }
 
-absl::Status LocalScheduler::StopNode(const std::string& name, double grace_s) {
+absl::Status LocalScheduler::ReleaseNode(const std::string& name, const std::string& reason, double grace_s) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("no running node ", name));
+  spdlog::info("local scheduler: stopping {} (pid {}): {}", name, it->second.pid(), reason);
   it->second.Terminate(grace_s);
   nodes_.erase(it);
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 // signal is tied to the forking thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,22 +14,34 @@
 
 namespace ballast::scheduler {
 
+// The command line and extra environment of one node's agent.
+struct LocalCommand {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;  // on top of the launcher's environment
+};
+
 class LocalScheduler : public SchedulerInterface {
  public:
-  LocalScheduler() = default;
+  using CommandFor = std::function<LocalCommand(const NodeRequest&)>;
+  explicit LocalScheduler(CommandFor command_for) : command_for_(std::move(command_for)) {}
   ~LocalScheduler() override;  // StopAll(0): no agent outlives its launcher
 
-  absl::Status LaunchNode(const NodeSpec& spec) override;
-  std::vector<NodeExit> PollExited() override;
+  std::string Kind() const override { return "local"; }
+  // The agent gets BALLAST_NODE_ID=request.name. avoid_hosts cannot be
+  // honoured (one host) and is ignored.
+  absl::Status LaunchNode(const NodeRequest& request) override;
+  absl::Status ReleaseNode(const std::string& name, const std::string& reason, double grace_s) override;
+  std::vector<NodeEvent> Poll() override;
   std::vector<std::string> RunningNodes() const override;
-  absl::Status StopNode(const std::string& name, double grace_s) override;
   void StopAll(double grace_s) override;
 
   // pid of a running node's agent, -1 if unknown (for operators and tests).
   pid_t PidOf(const std::string& name) const;
 
  private:
+  const CommandFor command_for_;
   std::map<std::string, Subprocess> nodes_;
+  std::vector<NodeEvent> started_;  // kStarted events not yet polled
 };
 
 }  // namespace ballast::scheduler

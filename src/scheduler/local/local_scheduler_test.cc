@@ -11,23 +11,36 @@
 namespace ballast::scheduler {
 namespace {
 
-NodeSpec Sh(const std::string& name, const std::string& script) {
-  return NodeSpec{name, {"/bin/sh", "-c", script}, {}};
+// Each node runs the shell script named by its request's name (name -> script).
+LocalScheduler Sh(std::map<std::string, std::string> scripts) {
+  return LocalScheduler([scripts](const NodeRequest& r) {
+    auto it = scripts.find(r.name);
+    return LocalCommand{{"/bin/sh", "-c", it == scripts.end() ? "exit 0" : it->second},
+                        {{"BALLAST_X", "yes"}}};
+  });
 }
 
-std::vector<NodeExit> WaitForExits(LocalScheduler& s, size_t n) {
-  std::vector<NodeExit> all;
-  for (int i = 0; i < 500 && all.size() < n; ++i) {
-    auto e = s.PollExited();
-    all.insert(all.end(), e.begin(), e.end());
-    if (all.size() < n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+NodeRequest Req(const std::string& name, int rank = 0) { return NodeRequest{name, rank, 1, {}}; }
+
+std::vector<NodeEvent> WaitForExits(LocalScheduler& s, size_t n) {
+  std::vector<NodeEvent> all;
+  for (int i = 0; i < 500; ++i) {
+    for (auto& e : s.Poll()) {
+      if (e.kind == NodeEvent::Kind::kExited) all.push_back(e);
+    }
+    if (all.size() >= n) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return all;
 }
 
-TEST(LocalScheduler, ReportsExitedNodeWithStatus) {
-  LocalScheduler s;
-  ASSERT_TRUE(s.LaunchNode(Sh("node-0", "exit 7")).ok());
+TEST(LocalScheduler, ReportsStartedThenExitedNodeWithStatus) {
+  LocalScheduler s = Sh({{"node-0", "exit 7"}});
+  ASSERT_TRUE(s.LaunchNode(Req("node-0")).ok());
+  std::vector<NodeEvent> first = s.Poll();
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(first[0].kind, NodeEvent::Kind::kStarted);
+  EXPECT_EQ(first[0].host, "localhost");
   auto exits = WaitForExits(s, 1);
   ASSERT_EQ(exits.size(), 1u);
   EXPECT_EQ(exits[0].name, "node-0");
@@ -36,16 +49,14 @@ TEST(LocalScheduler, ReportsExitedNodeWithStatus) {
 }
 
 TEST(LocalScheduler, RefusesDuplicateName) {
-  LocalScheduler s;
-  ASSERT_TRUE(s.LaunchNode(Sh("n", "sleep 30")).ok());
-  EXPECT_EQ(s.LaunchNode(Sh("n", "sleep 30")).code(), absl::StatusCode::kAlreadyExists);
+  LocalScheduler s = Sh({{"n", "sleep 30"}});
+  ASSERT_TRUE(s.LaunchNode(Req("n")).ok());
+  EXPECT_EQ(s.LaunchNode(Req("n")).code(), absl::StatusCode::kAlreadyExists);
 }
 
-TEST(LocalScheduler, ExtraEnvironmentReachesNode) {
-  LocalScheduler s;
-  NodeSpec spec = Sh("n", "test \"$BALLAST_X\" = yes");
-  spec.env["BALLAST_X"] = "yes";
-  ASSERT_TRUE(s.LaunchNode(spec).ok());
+TEST(LocalScheduler, CommandEnvironmentAndNodeIdReachTheNode) {
+  LocalScheduler s = Sh({{"n7", "test \"$BALLAST_X\" = yes && test \"$BALLAST_NODE_ID\" = n7"}});
+  ASSERT_TRUE(s.LaunchNode(Req("n7")).ok());
   auto exits = WaitForExits(s, 1);
   ASSERT_EQ(exits.size(), 1u);
   EXPECT_EQ(exits[0].status.exit_code, 0);
@@ -54,9 +65,9 @@ TEST(LocalScheduler, ExtraEnvironmentReachesNode) {
 TEST(LocalScheduler, StopAllLeavesNoProcess) {
   pid_t a, b;
   {
-    LocalScheduler s;
-    ASSERT_TRUE(s.LaunchNode(Sh("a", "trap '' TERM; sleep 60")).ok());
-    ASSERT_TRUE(s.LaunchNode(Sh("b", "sleep 60")).ok());
+    LocalScheduler s = Sh({{"a", "trap '' TERM; sleep 60"}, {"b", "sleep 60"}});
+    ASSERT_TRUE(s.LaunchNode(Req("a")).ok());
+    ASSERT_TRUE(s.LaunchNode(Req("b")).ok());
     a = s.PidOf("a");
     b = s.PidOf("b");
     EXPECT_EQ(s.RunningNodes().size(), 2u);
@@ -67,9 +78,14 @@ TEST(LocalScheduler, StopAllLeavesNoProcess) {
   EXPECT_FALSE(ProcessAlive(b));
 }
 
-TEST(LocalScheduler, StopUnknownNodeIsNotFound) {
-  LocalScheduler s;
-  EXPECT_EQ(s.StopNode("ghost", 0).code(), absl::StatusCode::kNotFound);
+TEST(LocalScheduler, ReleaseStopsTheNodeAndUnknownIsNotFound) {
+  LocalScheduler s = Sh({{"a", "sleep 60"}});
+  ASSERT_TRUE(s.LaunchNode(Req("a")).ok());
+  pid_t a = s.PidOf("a");
+  EXPECT_TRUE(s.ReleaseNode("a", "test", 0.2).ok());
+  EXPECT_FALSE(ProcessAlive(a));
+  EXPECT_TRUE(s.RunningNodes().empty());
+  EXPECT_EQ(s.ReleaseNode("ghost", "test", 0).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

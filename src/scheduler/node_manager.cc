@@ -1,0 +1,154 @@
+#include "scheduler/node_manager.h"
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::scheduler {
+
+NodeManager::NodeManager(SchedulerInterface* scheduler, NodeManagerOptions options)
+    : scheduler_(scheduler), options_(std::move(options)) {}
+
+void NodeManager::Event(const std::string& reason, const std::string& message, bool warning) {
+  if (warning) {
+    spdlog::warn("{}", message);
+  } else {
+    spdlog::info("{}", message);
+  }
+  if (options_.on_event) options_.on_event(reason, message, warning);
+}
+
+std::string NodeManager::Describe(const std::string& name) const {
+  auto r = rank_of_.find(name);
+  auto h = hosts_.find(name);
+  std::string where = h == hosts_.end() || h->second.empty() ? "" : absl::StrCat(", host ", h->second);
+  if (r == rank_of_.end()) return name;
+  return absl::StrCat(name, " (node rank ", r->second, where, ")");
+}
+
+absl::Status NodeManager::Launch(Slot* slot) {
+  ++slot->incarnation;
+  NodeRequest req;
+  req.node_rank = slot->node_rank;
+  req.incarnation = slot->incarnation;
+  req.name = options_.name(slot->node_rank, slot->incarnation);
+  req.avoid_hosts.assign(avoid_hosts_.begin(), avoid_hosts_.end());
+  rank_of_[req.name] = slot->node_rank;
+  slot->name = req.name;
+  slot->host.clear();
+  slot->ended = false;
+  absl::Status s = scheduler_->LaunchNode(req);
+  if (!s.ok()) slot->ended = true;
+  return s;
+}
+
+absl::Status NodeManager::Start() {
+  for (int rank = 0; rank < options_.initial_nodes; ++rank) {
+    Slot& slot = slots_[rank];
+    slot.node_rank = rank;
+    if (absl::Status s = Launch(&slot); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("cannot start node rank ", rank, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void NodeManager::OnNodeLost(const std::string& node_id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notices_.push_back({node_id, reason, false});
+}
+
+void NodeManager::OnNodeExcluded(const std::string& node_id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notices_.push_back({node_id, reason, true});
+}
+
+void NodeManager::Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished) {
+  auto r = rank_of_.find(name);
+  if (r == rank_of_.end() || handled_.count(name) > 0) return;  // not ours, or seen already
+  handled_.insert(name);
+  Slot& slot = slots_[r->second];
+  if (slot.name != name) return;  // an older incarnation: already replaced
+  if (still_running) {
+    absl::Status s = scheduler_->ReleaseNode(name, cause, options_.release_grace_s);
+    if (!s.ok() && !absl::IsNotFound(s)) spdlog::warn("cannot release {}: {}", Describe(name), std::string(s.message()));
+  }
+  slot.ended = true;
+  if (job_finished) return;
+  if (replacements_ >= options_.max_replacements) {
+    Event("ReplacementsUsedUp",
+          absl::StrCat("node ", Describe(name), " is gone (", cause, "); not replacing it: the replacement budget (",
+                       options_.max_replacements, ") is used up"),
+          true);
+    return;
+  }
+  ++replacements_;
+  const std::string old = Describe(name);
+  if (absl::Status s = Launch(&slot); !s.ok()) {
+    Event("ReplacementFailed",
+          absl::StrCat("node ", old, " is gone (", cause, "); cannot start its replacement: ", s.message()), true);
+    return;
+  }
+  Event("NodeReplaced",
+        absl::StrCat("node ", old, " is gone (", cause, "); replacing it with ", slot.name, " (",
+                     replacements_, "/", options_.max_replacements, " replacements",
+                     avoid_hosts_.empty() ? "" : absl::StrCat(", avoiding ", avoid_hosts_.size(), " bad host(s)"),
+                     ")"),
+        false);
+}
+
+void NodeManager::Poll(bool job_finished) {
+  for (const NodeEvent& e : scheduler_->Poll()) {
+    auto r = rank_of_.find(e.name);
+    if (r == rank_of_.end()) continue;
+    if (!e.host.empty()) hosts_[e.name] = e.host;
+    Slot& slot = slots_[r->second];
+    switch (e.kind) {
+      case NodeEvent::Kind::kStarted:
+        if (slot.name == e.name) slot.host = e.host;
+        break;
+      case NodeEvent::Kind::kExited:
+        Gone(e.name, absl::StrCat("its agent exited: ", e.status.Describe()), /*still_running=*/false, job_finished);
+        break;
+      case NodeEvent::Kind::kLost:
+        Gone(e.name, e.reason, /*still_running=*/true, job_finished);
+        break;
+      case NodeEvent::Kind::kPendingTooLong:
+        Event("NodePending",
+              absl::StrCat("node ", Describe(e.name), " has not started: ", e.reason,
+                           "; the job goes on with the nodes it has and takes this one in when it starts"),
+              true);
+        break;
+    }
+  }
+  std::vector<Notice> notices;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    notices.swap(notices_);
+  }
+  for (const Notice& n : notices) {
+    if (n.excluded) {
+      auto h = hosts_.find(n.node_id);
+      if (h != hosts_.end() && !h->second.empty() && avoid_hosts_.insert(h->second).second) {
+        Event("NodeExcluded",
+              absl::StrCat("node ", Describe(n.node_id), " was excluded (", n.reason,
+                           "); its replacements avoid host ", h->second),
+              true);
+      }
+    }
+    // The master is the truth: a node it lost or excluded is gone even when
+    // its agent still runs (hung, partitioned): release it, then replace it.
+    Gone(n.node_id, n.excluded ? absl::StrCat("excluded: ", n.reason) : n.reason, /*still_running=*/true,
+         job_finished);
+  }
+}
+
+bool NodeManager::Exhausted() const {
+  // A gone node is replaced at once while the budget lasts, so "every slot
+  // ended" means nothing more will come.
+  for (const auto& [rank, slot] : slots_) {
+    if (!slot.ended) return false;
+  }
+  return true;
+}
+
+}  // namespace ballast::scheduler

@@ -1,0 +1,100 @@
+// NodeManager: the one replacement policy, for every scheduler backend.
+//
+// It keeps one live node per node rank (ranks 0..initial_nodes-1: MAX plus
+// spares) and replaces a node when it is gone: its agent exited, the
+// scheduler lost it (pod deleted or evicted, host down), or the master lost
+// it (agent silent or disconnected, left) or excluded it (failed the
+// pre-flight check). A replacement is the rank's next incarnation, placed
+// away from every host where a node was excluded, as long as the replacement
+// budget lasts; a node the master lost while its agent still runs is released
+// first (no two agents of one rank). Once the job finished nothing is
+// replaced. Nodes pending past the backend's timeout are reported, and kept:
+// the job goes on with the nodes it has (the master scales down to >= MIN) and
+// the late node joins when it starts (scale up).
+//
+// Threading: Poll() and Start() run on one thread (the launcher's loop), which
+// also drives the scheduler. OnNodeLost / OnNodeExcluded may be called from
+// any thread, including with the master's lock held: they only queue.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "scheduler/scheduler.h"
+
+namespace ballast::scheduler {
+
+struct NodeManagerOptions {
+  int initial_nodes = 1;     // node ranks 0..initial_nodes-1
+  int max_replacements = 3;  // nodes replaced before giving up
+  double release_grace_s = 5;
+  // The node's name (and agent node id) for an incarnation of a rank.
+  std::function<std::string(int node_rank, int incarnation)> name = [](int rank, int inc) {
+    return "node-" + std::to_string(rank) + (inc > 1 ? "-" + std::to_string(inc) : "");
+  };
+  // Told about what the manager did, for the user (Kubernetes events):
+  // reason is a CamelCase word (NodeReplaced, ReplacementsUsedUp, NodePending,
+  // NodeExcluded), warning selects the event type.
+  std::function<void(const std::string& reason, const std::string& message, bool warning)> on_event;
+};
+
+class NodeManager {
+ public:
+  NodeManager(SchedulerInterface* scheduler, NodeManagerOptions options);
+
+  // Launches the initial nodes. An error when a launch is refused.
+  absl::Status Start();
+
+  // Thread-safe, non-blocking (see the file comment).
+  void OnNodeLost(const std::string& node_id, const std::string& reason);
+  void OnNodeExcluded(const std::string& node_id, const std::string& reason);
+
+  // Takes the scheduler's events and the queued notices and acts on them.
+  // With job_finished, ended nodes are not replaced any more.
+  void Poll(bool job_finished);
+
+  int replacements() const { return replacements_; }
+  // No node runs or is launching, and none will be replaced: the job cannot
+  // go on (every agent ended, and the budget is used up or a launch failed).
+  bool Exhausted() const;
+  // Where nodes were excluded (replacements avoid these hosts).
+  const std::set<std::string>& avoid_hosts() const { return avoid_hosts_; }
+  // "node-3 (node rank 3, host h)": how messages name a node.
+  std::string Describe(const std::string& name) const;
+
+ private:
+  struct Slot {
+    int node_rank = 0;
+    int incarnation = 0;
+    std::string name;  // the current node of this rank; "" when none
+    std::string host;
+    bool ended = false;  // the current node is gone (and was not replaced)
+  };
+  struct Notice {
+    std::string node_id;
+    std::string reason;
+    bool excluded = false;
+  };
+  // The node is gone: release it if it may still run, then replace it.
+  void Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished);
+  absl::Status Launch(Slot* slot);
+  void Event(const std::string& reason, const std::string& message, bool warning);
+
+  SchedulerInterface* const scheduler_;
+  const NodeManagerOptions options_;
+  std::map<int, Slot> slots_;                 // by node rank
+  std::map<std::string, int> rank_of_;        // every node name ever launched -> rank
+  std::map<std::string, std::string> hosts_;  // node name -> host it ran on
+  std::set<std::string> handled_;             // nodes already released / replaced
+  std::set<std::string> avoid_hosts_;
+  int replacements_ = 0;
+  std::mutex mu_;
+  std::vector<Notice> notices_;  // guarded by mu_
+};
+
+}  // namespace ballast::scheduler

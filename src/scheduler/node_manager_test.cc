@@ -1,0 +1,171 @@
+#include "scheduler/node_manager.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ballast::scheduler {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Records what the manager asks of a scheduler; tests script its events.
+class FakeScheduler : public SchedulerInterface {
+ public:
+  std::string Kind() const override { return "fake"; }
+  absl::Status LaunchNode(const NodeRequest& r) override {
+    if (refuse) return absl::UnavailableError("no capacity");
+    launched.push_back(r);
+    running.insert(r.name);
+    return absl::OkStatus();
+  }
+  absl::Status ReleaseNode(const std::string& name, const std::string& reason, double) override {
+    released.push_back(name + ": " + reason);
+    if (running.erase(name) == 0) return absl::NotFoundError("unknown");
+    return absl::OkStatus();
+  }
+  std::vector<NodeEvent> Poll() override { return std::exchange(events, {}); }
+  std::vector<std::string> RunningNodes() const override { return {running.begin(), running.end()}; }
+  void StopAll(double) override { running.clear(); }
+
+  void Exit(const std::string& name, int code) {
+    running.erase(name);
+    NodeEvent e;
+    e.kind = NodeEvent::Kind::kExited;
+    e.name = name;
+    e.status.exit_code = code;
+    events.push_back(e);
+  }
+  void Started(const std::string& name, const std::string& host) {
+    NodeEvent e;
+    e.kind = NodeEvent::Kind::kStarted;
+    e.name = name;
+    e.host = host;
+    events.push_back(e);
+  }
+  void Lost(const std::string& name, const std::string& why) {
+    NodeEvent e;
+    e.kind = NodeEvent::Kind::kLost;
+    e.name = name;
+    e.reason = why;
+    events.push_back(e);
+  }
+
+  bool refuse = false;
+  std::vector<NodeRequest> launched;
+  std::vector<std::string> released;
+  std::set<std::string> running;
+  std::vector<NodeEvent> events;
+};
+
+std::vector<std::string> Names(const std::vector<NodeRequest>& rs) {
+  std::vector<std::string> out;
+  for (const auto& r : rs) out.push_back(r.name);
+  return out;
+}
+
+struct Harness {
+  explicit Harness(int nodes, int budget) {
+    NodeManagerOptions o;
+    o.initial_nodes = nodes;
+    o.max_replacements = budget;
+    o.on_event = [this](const std::string& reason, const std::string& msg, bool) {
+      events.push_back(reason + ": " + msg);
+    };
+    manager = std::make_unique<NodeManager>(&sched, o);
+  }
+  FakeScheduler sched;
+  std::vector<std::string> events;
+  std::unique_ptr<NodeManager> manager;
+};
+
+TEST(NodeManager, StartsOneNodePerRankAndReplacesAnExitedOneAsItsNextIncarnation) {
+  Harness h(3, 2);
+  ASSERT_TRUE(h.manager->Start().ok());
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-2"));
+  h.sched.Exit("node-1", 1);
+  h.manager->Poll(false);
+  ASSERT_EQ(h.sched.launched.size(), 4u);
+  EXPECT_EQ(h.sched.launched[3].name, "node-1-2");
+  EXPECT_EQ(h.sched.launched[3].node_rank, 1);
+  EXPECT_EQ(h.sched.launched[3].incarnation, 2);
+  EXPECT_EQ(h.manager->replacements(), 1);
+  ASSERT_EQ(h.events.size(), 1u);
+  EXPECT_THAT(h.events[0], HasSubstr("NodeReplaced: node node-1 (node rank 1) is gone (its agent exited: exit code 1)"));
+}
+
+TEST(NodeManager, MasterLossAndSchedulerExitOfOneNodeReplaceItOnce) {
+  Harness h(2, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  // The master lost the agent (heartbeat timeout) while its process still runs.
+  h.manager->OnNodeLost("node-0", "heartbeat timeout");
+  h.manager->Poll(false);
+  EXPECT_THAT(h.sched.released, ElementsAre("node-0: heartbeat timeout"));
+  // Then the released agent's exit shows up: no second replacement.
+  h.sched.Exit("node-0", 137);
+  h.manager->Poll(false);
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-0-2"));
+  EXPECT_EQ(h.manager->replacements(), 1);
+}
+
+TEST(NodeManager, ExcludedNodesHostIsAvoidedByEveryLaterLaunch) {
+  Harness h(2, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.sched.Started("node-0", "host-a");
+  h.sched.Started("node-1", "host-b");
+  h.manager->Poll(false);
+  h.manager->OnNodeExcluded("node-1", "failed the pre-flight check");
+  h.manager->Poll(false);
+  ASSERT_EQ(h.sched.launched.size(), 3u);
+  EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
+  EXPECT_THAT(h.sched.released, ElementsAre("node-1: excluded: failed the pre-flight check"));
+  h.sched.Lost("node-0", "pod deleted");
+  h.manager->Poll(false);
+  EXPECT_THAT(h.sched.launched.back().avoid_hosts, ElementsAre("host-b"));
+  EXPECT_THAT(h.events[0], HasSubstr("NodeExcluded: node node-1 (node rank 1, host host-b) was excluded"));
+}
+
+TEST(NodeManager, BudgetUsedUpStopsReplacingAndExhaustsWhenAllEnded) {
+  Harness h(1, 1);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.sched.Exit("node-0", 1);
+  h.manager->Poll(false);
+  EXPECT_FALSE(h.manager->Exhausted());
+  h.sched.Exit("node-0-2", 1);
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 2u);
+  EXPECT_TRUE(h.manager->Exhausted());
+  EXPECT_THAT(h.events.back(), HasSubstr("ReplacementsUsedUp: node node-0-2 (node rank 0) is gone"));
+  EXPECT_THAT(h.events.back(), HasSubstr("the replacement budget (1) is used up"));
+}
+
+TEST(NodeManager, NothingIsReplacedOnceTheJobFinished) {
+  Harness h(2, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.sched.Exit("node-0", 0);
+  h.sched.Exit("node-1", 0);
+  h.manager->Poll(true);
+  EXPECT_EQ(h.sched.launched.size(), 2u);
+  EXPECT_TRUE(h.manager->Exhausted());
+}
+
+TEST(NodeManager, UnknownAndStaleNamesChangeNothing) {
+  Harness h(1, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.manager->OnNodeLost("someone-else", "heartbeat timeout");
+  h.sched.Exit("not-ours", 1);
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 1u);
+  EXPECT_TRUE(h.sched.released.empty());
+}
+
+TEST(NodeManager, RefusedInitialLaunchIsAnErrorNamingTheRank) {
+  Harness h(2, 5);
+  h.sched.refuse = true;
+  absl::Status s = h.manager->Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot start node rank 0: no capacity"));
+}
+
+}  // namespace
+}  // namespace ballast::scheduler
