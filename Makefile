@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration demo install bench clean
+.PHONY: all deps configure build k8s-binaries test unit integration kubernetes demo install bench clean
 
 all: build
 
@@ -21,14 +21,22 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# The Kubernetes control plane the tests run against, built from the Go module
+# proxy into ~/.cache/ballast/k8s-<versions> (10-20 min once; instant after).
+k8s-binaries:
+	@scripts/k8s/build-control-plane.sh >/dev/null
+
+test: build k8s-binaries
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 unit: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)
 
-integration: build
+integration: build k8s-binaries
 	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+kubernetes: build k8s-binaries
+	cd $(BUILD_DIR) && ctest --output-on-failure -L kubernetes $(CTEST_ARGS)
 
 demo: build
 	BALLAST_BIN=$(BUILD_DIR)/bin/ballast /usr/bin/python3 examples/demo.py

@@ -8,7 +8,7 @@ PKGS=(
   libabsl-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libyaml-cpp-dev libcpp-httplib-dev libcurl4-openssl-dev
   pybind11-dev python3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch procps iproute2 util-linux
+  python3-torch procps iproute2 util-linux openssl curl ca-certificates
 )
 missing=()
 for p in "${PKGS[@]}"; do

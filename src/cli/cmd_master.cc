@@ -5,6 +5,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "common/net.h"
 #include "common/tunables.h"
 #include "master/master_server.h"
+#include "scheduler/kubernetes/kubernetes_job.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::cli {
@@ -29,7 +31,14 @@ int MasterCommand(const Args& args) {
   master::MasterOptions opts;
   opts.max_restarts = 3;
   std::string token;
-  app.add_option("--nnodes", nnodes, "Nodes the job runs on: N or MIN:MAX")->required();
+  scheduler::kubernetes::KubernetesJobOptions k8s;
+  app.add_option("--nnodes", nnodes, "Nodes the job runs on: N or MIN:MAX (required unless --kubernetes-job)");
+  app.add_option("--kubernetes-job,--kubernetes_job", k8s.job_name,
+                 "Run the master of this ElasticJob: read its spec, create and replace its worker pods, keep its "
+                 "status (what `ballast operator` runs in the job's master pod)");
+  app.add_option("--namespace,-n", k8s.ns, "With --kubernetes-job: the job's namespace (default: the pod's own)");
+  app.add_option("--kubeconfig", k8s.kubeconfig,
+                 "With --kubernetes-job: a kubeconfig (default: $KUBECONFIG, else the pod's service account)");
   app.add_option("--node-unit,--node_unit", opts.node_unit,
                  "The world's node count is a multiple of this")->check(CLI::PositiveNumber);
   app.add_option("--max-restarts,--max_restarts", opts.max_restarts,
@@ -48,6 +57,27 @@ int MasterCommand(const Args& args) {
   app.add_flag("--exclude-stragglers,--exclude_stragglers", opts.exclude_stragglers,
                "With --network-check: also exclude nodes slower than 2x the median");
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+  if (!k8s.job_name.empty()) {
+    // The job's spec holds the settings: flags that would contradict it are refused.
+    if (app.count("--nnodes") > 0 || app.count("--node-unit") > 0 || app.count("--max-restarts") > 0 ||
+        opts.precheck || opts.exclude_stragglers) {
+      std::fprintf(stderr, "ballast master: with --kubernetes-job the ElasticJob's spec sets nodes, node unit, max "
+                           "restarts and the network check; drop those flags\n");
+      return kUsageExit;
+    }
+    k8s.bind_host = opts.bind_host;
+    k8s.port = opts.port == 0 ? scheduler::kubernetes::kMasterPort : opts.port;
+    k8s.advertise_host = opts.advertise_host;
+    k8s.token = TokenFromFlagOrEnv(token);
+    if (const char* pod = std::getenv("BALLAST_POD_NAME"); pod != nullptr) k8s.pod_name = pod;
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    return scheduler::kubernetes::RunKubernetesJob(k8s, &g_signal);
+  }
+  if (app.count("--nnodes") == 0) {
+    std::fprintf(stderr, "ballast master: --nnodes N|MIN:MAX is required (or --kubernetes-job NAME)\n");
+    return kUsageExit;
+  }
   if (opts.exclude_stragglers && !opts.precheck) {
     std::fprintf(stderr, "ballast master: --exclude-stragglers needs --network-check (stragglers are found by the check)\n");
     return kUsageExit;

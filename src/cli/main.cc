@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "  launch   run a whole job on this machine: a master and N agents (local backend)\n"
     "  status   print the state of a running job\n"
     "  ckpt     list, inspect, verify and export flash checkpoints\n"
+    "  operator run the Kubernetes ElasticJob operator (deploy/ installs it)\n"
     "\n"
     "`ballast <command> --help` describes each command's options.\n";
 
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
     std::puts("ballast " BALLAST_VERSION);
     return 0;
   }
-  if (cmd == "run" || cmd == "master" || cmd == "launch" || cmd == "status") {
+  if (cmd == "run" || cmd == "master" || cmd == "launch" || cmd == "status" || cmd == "operator") {
     ballast::SetupLogging(cmd == "run" ? "agent" : cmd);
   }
   if (cmd == "run") return ballast::cli::RunCommand(args);
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch") return ballast::cli::LaunchCommand(args);
   if (cmd == "status") return ballast::cli::StatusCommand(args);
   if (cmd == "ckpt") return ballast::cli::CkptCommand(args);
+  if (cmd == "operator") return ballast::cli::OperatorCommand(args);
   std::fprintf(stderr, "ballast: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return ballast::cli::kUsageExit;
 }

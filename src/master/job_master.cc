@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -417,6 +418,12 @@ void JobMaster::Finish(bool succeeded, const std::string& message) {
     Push(id, std::move(d));
   }
   finished_cv_.SignalAll();
+}
+
+void JobMaster::Abort(const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  if (finished()) return;
+  Finish(false, absl::StartsWith(message, "job failed") ? message : absl::StrCat("job failed: ", message));
 }
 
 void JobMaster::NotifyLost(const LostList& lost) {

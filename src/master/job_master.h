@@ -166,6 +166,10 @@ class JobMaster {
   // expiry at the clock's now. Called every ~50-100 ms.
   void Tick();
 
+  // Fails the job with `message` (e.g. the scheduler cannot provide nodes):
+  // every agent gets JobFinished. A no-op once the job finished.
+  void Abort(const std::string& message);
+
   // The result once the job finished.
   std::optional<JobOutcome> outcome() const;
   // Blocks up to timeout_s (real time; < 0: forever) for the job to finish.

@@ -148,6 +148,8 @@ std::optional<JobResult> MasterServer::WaitForFinish(double timeout_s) {
 
 v1::JobStatus MasterServer::Status() const { return impl_->job->Status(); }
 
+void MasterServer::Abort(const std::string& message) { impl_->job->Abort(message); }
+
 void MasterServer::Shutdown(double linger_s) {
   Impl& impl = *impl_;
   std::lock_guard<std::mutex> lock(impl.shutdown_mu);

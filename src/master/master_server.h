@@ -69,6 +69,8 @@ class MasterServer {
   // Blocks until the job finished or timeout_s passed (< 0: forever).
   std::optional<JobResult> WaitForFinish(double timeout_s = -1);
   v1::JobStatus Status() const;
+  // Fails the job (JobMaster::Abort).
+  void Abort(const std::string& message);
 
   // Stops serving. Waits up to linger_s for every connected agent to have been
   // sent the final decision, then shuts the gRPC server down. Idempotent.

@@ -1,0 +1,273 @@
+#include "operator/operator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+#include "scheduler/kubernetes/elastic_job.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::op {
+namespace {
+
+using kube::Json;
+namespace k8s = scheduler::kubernetes;
+
+std::string JobKey(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+
+bool Finished(const Json& job) {
+  std::string phase = kube::Str(job, {"status", "phase"});
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+int Generation(const Json& pod) {
+  std::string name = kube::Str(pod, {"metadata", "name"});
+  size_t dash = name.rfind('-');
+  int g = 0;
+  if (dash == std::string::npos || !absl::SimpleAtoi(name.substr(dash + 1), &g)) return 0;
+  return g;
+}
+
+// How a master pod ended, for messages.
+std::string HowEnded(const Json& pod) {
+  std::string why = kube::Str(pod, {"status", "reason"});
+  if (const Json* cs = kube::Find(pod, {"status", "containerStatuses"}); cs != nullptr && cs->is_array()) {
+    for (const Json& c : *cs) {
+      if (const Json* t = kube::Find(c, {"state", "terminated"}); t != nullptr) {
+        why = absl::StrCat(why.empty() ? "" : why + ", ", "exit code ", kube::Int(*t, {"exitCode"}),
+                           kube::Str(*t, {"reason"}).empty() ? "" : absl::StrCat(" (", kube::Str(*t, {"reason"}), ")"));
+      }
+    }
+  }
+  if (kube::Find(pod, {"metadata", "deletionTimestamp"}) != nullptr) why = why.empty() ? "deleted" : why + ", deleted";
+  return why.empty() ? kube::Str(pod, {"status", "phase"}) : why;
+}
+
+}  // namespace
+
+Operator::Operator(kube::KubeClient* client, OperatorOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+Operator::~Operator() {
+  if (jobs_) jobs_->Stop();
+  if (masters_) masters_->Stop();
+}
+
+void Operator::Enqueue(const std::string& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.insert(key);
+  }
+  cv_.notify_all();
+}
+
+int Operator::Run(const std::atomic<int>* signal) {
+  kube::InformerOptions jo;
+  jo.path = kube::CollectionPath(k8s::kApiVersion, k8s::kPlural, options_.ns);
+  jo.what = options_.ns.empty() ? "ElasticJobs" : absl::StrCat("ElasticJobs in ", options_.ns);
+  jobs_ = std::make_unique<kube::Informer>(client_, jo, [this](const std::string& type, const Json& obj) {
+    if (type != "DELETED") Enqueue(kube::Informer::KeyOf(obj));
+  });
+  kube::InformerOptions mo;
+  mo.path = kube::CollectionPath("v1", "pods", options_.ns);
+  mo.label_selector = absl::StrCat(k8s::kRoleLabel, "=master");
+  mo.what = "master pods";
+  masters_ = std::make_unique<kube::Informer>(client_, mo, [this](const std::string&, const Json& pod) {
+    std::string job = kube::Str(pod, {"metadata", "labels", k8s::kJobLabel});
+    if (!job.empty()) Enqueue(JobKey(kube::Str(pod, {"metadata", "namespace"}), job));
+  });
+  jobs_->Start();
+  masters_->Start();
+  // Until both caches are filled (the CRD may be installed after us): keep
+  // trying, say why once a while, and stop on a signal.
+  auto waiting_since = std::chrono::steady_clock::now();
+  while (!(jobs_->synced() && masters_->synced())) {
+    if (signal->load() != 0) return 0;
+    jobs_->WaitForSync(0.5);
+    masters_->WaitForSync(0.1);
+    if (std::chrono::steady_clock::now() - waiting_since > std::chrono::seconds(30)) {
+      spdlog::error("operator: cannot list {} yet: {} (is the CRD installed? kubectl apply -f deploy/)", jo.what,
+                    jobs_->last_error());
+      waiting_since = std::chrono::steady_clock::now();
+    }
+  }
+  spdlog::info("operator: watching {} (master address: {}, master image: {})", jo.what, options_.master_address,
+               options_.image.empty() ? "the job's worker image" : options_.image);
+  auto next_resync = std::chrono::steady_clock::now();
+  while (signal->load() == 0) {
+    if (std::chrono::steady_clock::now() >= next_resync) {
+      for (const Json& j : jobs_->List()) Enqueue(kube::Informer::KeyOf(j));
+      next_resync = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                           std::chrono::duration<double>(options_.resync_s));
+    }
+    std::set<std::string> keys;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !queue_.empty(); });
+      keys.swap(queue_);
+    }
+    for (const std::string& k : keys) Reconcile(k);
+  }
+  spdlog::info("operator: stopping (signal {}); jobs keep running under their masters", signal->load());
+  return 0;
+}
+
+absl::Status Operator::EnsureObject(const std::string& api_version, const std::string& plural, const std::string& ns,
+                                    const Json& object) {
+  const std::string name = kube::Str(object, {"metadata", "name"});
+  const std::string what = absl::StrCat("create ", object.value("kind", plural), " ", ns, "/", name);
+  auto r = client_->Create(kube::CollectionPath(api_version, plural, ns), object, what);
+  if (r.ok() || absl::IsAlreadyExists(r.status())) return absl::OkStatus();
+  return r.status();
+}
+
+void Operator::PatchStatus(const std::string& ns, const std::string& name, const Json& fields) {
+  auto r = client_->Patch(kube::ObjectPath(k8s::kApiVersion, k8s::kPlural, ns, name) + "/status",
+                          Json{{"status", fields}}, absl::StrCat("update the status of ElasticJob ", ns, "/", name));
+  if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
+}
+
+void Operator::Event(const Json& job, const std::string& reason, const std::string& message, bool warning) {
+  const std::string ns = kube::Str(job, {"metadata", "namespace"});
+  const std::string name = kube::Str(job, {"metadata", "name"});
+  const std::string now = k8s::Rfc3339Now();
+  Json ev = {{"apiVersion", "v1"},
+             {"kind", "Event"},
+             {"metadata", {{"name", absl::StrCat(name, ".", RandomHex(8))}, {"namespace", ns}}},
+             {"involvedObject",
+              {{"apiVersion", k8s::kApiVersion}, {"kind", k8s::kKind}, {"name", name}, {"namespace", ns},
+               {"uid", kube::Str(job, {"metadata", "uid"})}}},
+             {"reason", reason},
+             {"message", message.size() > 1000 ? message.substr(0, 997) + "..." : message},
+             {"type", warning ? "Warning" : "Normal"},
+             {"firstTimestamp", now},
+             {"lastTimestamp", now},
+             {"count", 1},
+             {"source", {{"component", "ballast-operator"}}}};
+  auto r = client_->Create(kube::CollectionPath("v1", "events", ns), ev, "create an event");
+  if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
+  if (warning) {
+    spdlog::warn("operator: ElasticJob {}/{}: {}: {}", ns, name, reason, message);
+  } else {
+    spdlog::info("operator: ElasticJob {}/{}: {}: {}", ns, name, reason, message);
+  }
+}
+
+void Operator::Reconcile(const std::string& key) {
+  auto obj = jobs_->Get(key);
+  if (!obj.has_value()) return;  // deleted: the garbage collector removes what it owned
+  const Json& job = *obj;
+  const std::string ns = kube::Str(job, {"metadata", "namespace"});
+  const std::string name = kube::Str(job, {"metadata", "name"});
+  const std::string phase = kube::Str(job, {"status", "phase"});
+  if (Finished(job)) return;
+  auto spec = k8s::ParseElasticJob(job);
+  if (!spec.ok()) {
+    if (kube::Str(job, {"status", "message"}) != spec.status().message()) {
+      PatchStatus(ns, name, {{"phase", "Failed"}, {"message", std::string(spec.status().message())}});
+      Event(job, "InvalidSpec", std::string(spec.status().message()), true);
+    }
+    return;
+  }
+  // This job's master pods, newest generation first.
+  std::vector<Json> masters;
+  for (const Json& pod : masters_->List()) {
+    if (kube::Str(pod, {"metadata", "namespace"}) == ns &&
+        kube::Str(pod, {"metadata", "labels", k8s::kJobLabel}) == name) {
+      masters.push_back(pod);
+    }
+  }
+  std::sort(masters.begin(), masters.end(), [](const Json& a, const Json& b) { return Generation(a) > Generation(b); });
+  auto delete_pods = [&](const std::string& selector, const std::string& why) {
+    auto list = client_->Get(absl::StrCat(kube::CollectionPath("v1", "pods", ns), "?labelSelector=",
+                                          kube::UrlEncode(selector)),
+                             absl::StrCat("list pods of ElasticJob ", key));
+    if (!list.ok()) return;
+    for (const Json& pod : list->value("items", Json::array())) {
+      if (kube::Find(pod, {"metadata", "deletionTimestamp"}) != nullptr) continue;
+      const std::string pn = kube::Str(pod, {"metadata", "name"});
+      auto r = client_->Delete(kube::ObjectPath("v1", "pods", ns, pn), Json{{"gracePeriodSeconds", 30}},
+                               absl::StrCat("delete pod ", ns, "/", pn));
+      if (r.ok()) spdlog::info("operator: deleted pod {}/{} ({})", ns, pn, why);
+    }
+  };
+  if (spec->suspend) {
+    if (phase != "Suspended") {
+      delete_pods(spec->MasterSelector(), "the job is suspended");
+      delete_pods(spec->WorkerSelector(), "the job is suspended");
+      PatchStatus(ns, name, {{"phase", "Suspended"}, {"message", "suspended (spec.suspend); set it to false to resume"}});
+      Event(job, "Suspended", "the job is suspended: its master and worker pods are deleted", false);
+    }
+    return;
+  }
+  for (auto [api, plural, object] :
+       {std::tuple<const char*, const char*, Json>{"v1", "secrets", k8s::BuildTokenSecret(*spec, RandomHex(16))},
+        {"v1", "serviceaccounts", k8s::BuildMasterServiceAccount(*spec)},
+        {"rbac.authorization.k8s.io/v1", "rolebindings", k8s::BuildMasterRoleBinding(*spec)},
+        {"v1", "services", k8s::BuildMasterService(*spec)}}) {
+    if (absl::Status s = EnsureObject(api, plural, ns, object); !s.ok()) {
+      spdlog::warn("operator: ElasticJob {}: {}", key, std::string(s.message()));
+      return;  // retried at the next resync
+    }
+  }
+  int restarts = static_cast<int>(kube::Int(job, {"status", "masterRestarts"}));
+  if (!masters.empty()) {
+    const Json& current = masters.front();
+    const std::string mphase = kube::Str(current, {"status", "phase"});
+    const bool deleting = kube::Find(current, {"metadata", "deletionTimestamp"}) != nullptr;
+    if (!deleting && mphase != "Succeeded" && mphase != "Failed") return;  // running (or starting)
+    // The master ended, but the job did not finish: it crashed, was evicted or deleted.
+    const std::string how = HowEnded(current);
+    if (restarts >= options_.max_master_restarts) {
+      const std::string msg = absl::StrCat("job failed: its master pod ended ", restarts + 1, " times (last: ",
+                                           kube::Str(current, {"metadata", "name"}), " ", how, ")");
+      PatchStatus(ns, name, {{"phase", "Failed"}, {"message", msg}, {"completionTime", k8s::Rfc3339Now()}});
+      Event(job, "Failed", msg, true);
+      delete_pods(spec->WorkerSelector(), "the job failed");
+      return;
+    }
+    ++restarts;
+    Event(job, "MasterRestarted",
+          absl::StrCat("master pod ", kube::Str(current, {"metadata", "name"}), " ended (", how,
+                       ") before the job finished; starting master ", restarts + 1, " (", restarts, "/",
+                       options_.max_master_restarts, " master restarts)"),
+          true);
+    if (!deleting) {
+      // It ended: its pod object only holds the name's generation and logs.
+      const std::string old = kube::Str(current, {"metadata", "name"});
+      auto r = client_->Delete(kube::ObjectPath("v1", "pods", ns, old), Json{{"gracePeriodSeconds", 0}},
+                               absl::StrCat("delete pod ", ns, "/", old));
+      if (!r.ok() && !absl::IsNotFound(r.status())) spdlog::warn("operator: {}", std::string(r.status().message()));
+    }
+    PatchStatus(ns, name, {{"masterRestarts", restarts}});
+  } else if (phase.empty()) {
+    PatchStatus(ns, name, {{"phase", "Pending"}, {"message", "starting the master"}, {"masterRestarts", 0}});
+  } else if (phase == "Suspended") {
+    PatchStatus(ns, name, {{"phase", "Pending"}, {"message", "resuming: starting a new master"}});
+    Event(job, "Resumed", "spec.suspend is false: starting a new master (the job resumes from its checkpoints)",
+          false);
+  }
+  k8s::MasterPodParams mp;
+  mp.generation = (masters.empty() ? restarts : Generation(masters.front())) + 1;
+  mp.image = !spec->master_image.empty() ? spec->master_image : options_.image;
+  if (mp.image.empty()) {
+    // The workers' image carries ballast too (it is built FROM the ballast image).
+    mp.image = spec->pod_template["spec"]["containers"][0].value("image", "");
+  }
+  mp.advertise = options_.master_address;
+  mp.ballast = options_.ballast;
+  Json pod = k8s::BuildMasterPod(*spec, mp);
+  auto r = client_->Create(kube::CollectionPath("v1", "pods", ns), pod,
+                           absl::StrCat("create pod ", ns, "/", kube::Str(pod, {"metadata", "name"})));
+  if (!r.ok() && !absl::IsAlreadyExists(r.status())) {
+    Event(job, "MasterCreateFailed", std::string(r.status().message()), true);
+    return;
+  }
+  if (r.ok()) Event(job, "MasterCreated", absl::StrCat("created master pod ", kube::Str(pod, {"metadata", "name"})), false);
+}
+
+}  // namespace ballast::op

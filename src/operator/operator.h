@@ -1,0 +1,72 @@
+// `ballast operator`: the ElasticJob controller. For each ElasticJob it keeps
+// the job's master running, and nothing more: the master (`ballast master
+// --kubernetes-job`, in the master pod) creates and replaces the worker pods
+// and writes the job's status while it runs.
+//
+// Reconciling one job (level-triggered: on every change of the job or its
+// master pod, and every resync_s):
+//  - invalid spec (what the schema cannot catch): status Failed with the
+//    message, nothing created;
+//  - finished (status Succeeded/Failed): nothing (the pods that succeeded stay
+//    for their logs; deleting the job deletes everything);
+//  - spec.suspend: the master and worker pods are deleted, status Suspended;
+//    resuming starts a new master (the job resumes from its checkpoints);
+//  - else: the job token Secret, the master's ServiceAccount and RoleBinding
+//    (to ClusterRole ballast-master), the master Service, and a master pod
+//    <job>-master-<generation>. A master pod that ended without the job
+//    finishing (crashed, evicted, deleted) is replaced by the next
+//    generation, up to max_master_restarts; then the job fails saying why.
+// Everything created has an owner reference to the job, so deleting the job
+// deletes all of it (the garbage collector).
+//
+// Threading: informer threads only queue job keys; Run() reconciles them one
+// at a time on the calling thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "kube/informer.h"
+#include "kube/kube_client.h"
+
+namespace ballast::op {
+
+struct OperatorOptions {
+  std::string ns;                        // "" = every namespace
+  std::string image;                     // master pod image unless spec.masterImage (BALLAST_IMAGE)
+  std::string master_address = "service";  // "service" (its DNS name) or "pod-ip" (clusters without DNS)
+  std::string ballast = "ballast";       // the binary in the image
+  double resync_s = 10;
+  int max_master_restarts = 5;
+};
+
+class Operator {
+ public:
+  Operator(kube::KubeClient* client, OperatorOptions options);
+  ~Operator();
+  // Runs until *signal is set; returns 0.
+  int Run(const std::atomic<int>* signal);
+  // One reconcile of ns/name (exposed for tests).
+  void Reconcile(const std::string& key);
+
+ private:
+  void Enqueue(const std::string& key);
+  absl::Status EnsureObject(const std::string& api_version, const std::string& plural, const std::string& ns,
+                            const kube::Json& object);
+  void PatchStatus(const std::string& ns, const std::string& name, const kube::Json& fields);
+  void Event(const kube::Json& job, const std::string& reason, const std::string& message, bool warning);
+
+  kube::KubeClient* const client_;
+  const OperatorOptions options_;
+  std::unique_ptr<kube::Informer> jobs_;
+  std::unique_ptr<kube::Informer> masters_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> queue_;  // job keys to reconcile
+};
+
+}  // namespace ballast::op

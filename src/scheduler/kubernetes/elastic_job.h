@@ -1,0 +1,111 @@
+// The ElasticJob custom resource (ballast.dev/v1alpha1, deploy/01-crd.yaml)
+// as the master and the operator read it, and the objects built from it: the
+// worker pods (one per node rank and incarnation), the master pod, its
+// Service, Secret, ServiceAccount and RoleBinding. Pure functions over JSON:
+// no I/O, so every rule here is unit-tested.
+//
+// Names and labels (what `kubectl get pods -l ...` selects on):
+//   <job>-worker-<rank>-<incarnation>   ballast.dev/job=<job> ballast.dev/role=worker
+//                                       ballast.dev/node-rank=<rank> ballast.dev/incarnation=<n>
+//   <job>-master-<generation>           ballast.dev/job=<job> ballast.dev/role=master
+//   <job>-master (Service, ServiceAccount, RoleBinding), <job>-token (Secret, key "token")
+// Every object has an owner reference to the ElasticJob: deleting the job
+// deletes them (the garbage collector).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kube/kube_client.h"
+
+namespace ballast::scheduler::kubernetes {
+
+using kube::Json;
+
+inline constexpr char kApiGroup[] = "ballast.dev";
+inline constexpr char kApiVersion[] = "ballast.dev/v1alpha1";
+inline constexpr char kKind[] = "ElasticJob";
+inline constexpr char kPlural[] = "elasticjobs";
+inline constexpr char kJobLabel[] = "ballast.dev/job";
+inline constexpr char kRoleLabel[] = "ballast.dev/role";
+inline constexpr char kRankLabel[] = "ballast.dev/node-rank";
+inline constexpr char kIncarnationLabel[] = "ballast.dev/incarnation";
+inline constexpr char kTokenKey[] = "token";
+inline constexpr int kMasterPort = 29400;
+
+struct ElasticJobSpec {
+  std::string ns, name, uid;
+  int min_nodes = 1, max_nodes = 1;
+  int nproc_per_node = 1;
+  int node_unit = 1;
+  int spares = 0;
+  int max_restarts = 3;
+  int max_replacements = 3;
+  bool network_check = false;
+  bool exclude_stragglers = false;
+  double hang_timeout_s = 0;
+  std::string checkpoint_dir;
+  int pending_timeout_s = 120;
+  bool cordon_bad_nodes = false;
+  bool suspend = false;
+  std::string master_image;
+  Json pod_template;  // spec.template
+
+  std::string TokenSecret() const { return name + "-token"; }
+  std::string MasterName() const { return name + "-master"; }  // Service, ServiceAccount, RoleBinding
+  std::string WorkerPodName(int node_rank, int incarnation) const;
+  std::string WorkerSelector() const;  // "ballast.dev/job=<job>,ballast.dev/role=worker"
+  std::string MasterSelector() const;
+  std::string Describe() const { return ns + "/" + name; }
+};
+
+// Reads an ElasticJob object. kInvalidArgument naming the field
+// ("spec.nodes: ...") for what the schema cannot catch (or when it was not
+// installed).
+absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& object);
+
+// The user's training command (container command + args) as the tail of a
+// `ballast run` command line: [--python PY] [--module] SCRIPT ARGS... for
+// `python[3[.x]] [-u] script.py ...` and `python -m pkg.mod ...`, else
+// `--no-python PROGRAM ARGS...` (run as it is).
+std::vector<std::string> WrapTrainingCommand(const std::vector<std::string>& command);
+
+struct WorkerPodParams {
+  int node_rank = 0;
+  int incarnation = 1;
+  std::string master_endpoint;             // host:port the agents reach the master at
+  std::vector<std::string> avoid_hosts;    // node names (kubernetes.io/hostname) not to run on
+  std::string ballast = "ballast";         // the binary in the image
+};
+
+// The worker pod: the template's pod with restartPolicy Never, labels, owner
+// reference, and its first container's command wrapped in `ballast run`
+// (rendezvous endpoint, node range, rank, its pod IP as --local-addr) with
+// BALLAST_TOKEN from the job's Secret, BALLAST_NODE_ID = the pod name,
+// BALLAST_POD_IP, BALLAST_CKPT_DIR, BALLAST_CHAOS_INCARNATION = the
+// incarnation; avoid_hosts become required node
+// anti-affinity. kInvalidArgument naming the template field when the
+// template has no container or no command.
+absl::StatusOr<Json> BuildWorkerPod(const ElasticJobSpec& job, const WorkerPodParams& params);
+
+// The owner reference to the job, for everything created for it.
+Json OwnerReference(const ElasticJobSpec& job);
+
+// --- what the operator creates ---
+struct MasterPodParams {
+  int generation = 1;                 // <job>-master-<generation>
+  std::string image;                  // job.master_image or the operator's image
+  std::string advertise = "service";  // "service": the Service's DNS name; "pod-ip": its own pod IP
+  std::string ballast = "ballast";
+};
+Json BuildMasterPod(const ElasticJobSpec& job, const MasterPodParams& params);
+Json BuildMasterService(const ElasticJobSpec& job);
+Json BuildTokenSecret(const ElasticJobSpec& job, const std::string& token);
+Json BuildMasterServiceAccount(const ElasticJobSpec& job);
+Json BuildMasterRoleBinding(const ElasticJobSpec& job);
+
+// RFC 3339 UTC time ("2026-12-01T10:00:00Z") for status and events.
+std::string Rfc3339Now();
+
+}  // namespace ballast::scheduler::kubernetes

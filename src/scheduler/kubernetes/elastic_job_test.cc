@@ -1,0 +1,162 @@
+#include "scheduler/kubernetes/elastic_job.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ballast::scheduler::kubernetes {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+Json Job(Json spec_overrides = Json::object()) {
+  Json job = Json::parse(R"({
+    "apiVersion": "ballast.dev/v1alpha1", "kind": "ElasticJob",
+    "metadata": {"name": "train", "namespace": "ml", "uid": "u-1"},
+    "spec": {
+      "nodes": "2:4", "nprocPerNode": 2,
+      "template": {
+        "metadata": {"labels": {"team": "nlp"}},
+        "spec": {
+          "containers": [{"name": "trainer", "image": "img:1",
+                          "command": ["python3", "-u", "/w/train.py"], "args": ["--epochs", "3"],
+                          "env": [{"name": "A", "value": "1"}]}],
+          "nodeSelector": {"gpu": "a100"}
+        }
+      }
+    }
+  })");
+  for (auto& [k, v] : spec_overrides.items()) job["spec"][k] = v;
+  return job;
+}
+
+TEST(ParseElasticJob, ReadsTheSpecWithDefaults) {
+  auto j = ParseElasticJob(Job());
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->ns, "ml");
+  EXPECT_EQ(j->name, "train");
+  EXPECT_EQ(j->min_nodes, 2);
+  EXPECT_EQ(j->max_nodes, 4);
+  EXPECT_EQ(j->nproc_per_node, 2);
+  EXPECT_EQ(j->node_unit, 1);
+  EXPECT_EQ(j->max_restarts, 3);
+  EXPECT_EQ(j->max_replacements, 3);
+  EXPECT_EQ(j->pending_timeout_s, 120);
+  EXPECT_FALSE(j->network_check);
+  EXPECT_EQ(j->WorkerPodName(3, 2), "train-worker-3-2");
+  EXPECT_EQ(j->WorkerSelector(), "ballast.dev/job=train,ballast.dev/role=worker");
+}
+
+TEST(ParseElasticJob, BadFieldsAreNamed) {
+  struct Case {
+    Json overrides;
+    std::string field;
+  } cases[] = {
+      {{{"nodes", "4:2"}}, "spec.nodes"},
+      {{{"nodes", "two"}}, "spec.nodes"},
+      {{{"nprocPerNode", 0}}, "spec.nprocPerNode"},
+      {{{"maxRestarts", -1}}, "spec.maxRestarts"},
+      {{{"networkCheck", "yes"}}, "spec.networkCheck"},
+      {{{"excludeStragglers", true}}, "spec.excludeStragglers"},
+      {{{"template", Json::object()}}, "spec.template.spec.containers"},
+  };
+  for (const Case& c : cases) {
+    auto j = ParseElasticJob(Job(c.overrides));
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument) << c.overrides.dump();
+    EXPECT_THAT(std::string(j.status().message()), HasSubstr(c.field)) << c.overrides.dump();
+  }
+  Json no_cmd = Job();
+  no_cmd["spec"]["template"]["spec"]["containers"][0].erase("command");
+  EXPECT_THAT(std::string(ParseElasticJob(no_cmd).status().message()),
+              HasSubstr("spec.template.spec.containers[0].command: required"));
+}
+
+TEST(WrapTrainingCommand, PythonScriptsModulesAndPrograms) {
+  EXPECT_THAT(WrapTrainingCommand({"python3", "-u", "train.py", "--lr", "1"}),
+              ElementsAre("--python", "python3", "train.py", "--lr", "1"));
+  EXPECT_THAT(WrapTrainingCommand({"/usr/bin/python3.11", "-m", "pkg.train", "-x"}),
+              ElementsAre("--python", "/usr/bin/python3.11", "--module", "pkg.train", "-x"));
+  EXPECT_THAT(WrapTrainingCommand({"python", "-O", "train.py"}), ElementsAre("--no-python", "python", "-O", "train.py"));
+  EXPECT_THAT(WrapTrainingCommand({"/opt/train.sh", "a"}), ElementsAre("--no-python", "/opt/train.sh", "a"));
+}
+
+TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
+  auto job = ParseElasticJob(Job({{"networkCheck", true}, {"hangTimeoutSeconds", 60}, {"checkpointDir", "/ckpt"}}));
+  ASSERT_TRUE(job.ok());
+  WorkerPodParams p;
+  p.node_rank = 1;
+  p.incarnation = 2;
+  p.master_endpoint = "train-master.ml.svc:29400";
+  auto pod = BuildWorkerPod(*job, p);
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  const Json& m = (*pod)["metadata"];
+  EXPECT_EQ(m["name"], "train-worker-1-2");
+  EXPECT_EQ(m["labels"]["ballast.dev/job"], "train");
+  EXPECT_EQ(m["labels"]["ballast.dev/role"], "worker");
+  EXPECT_EQ(m["labels"]["ballast.dev/node-rank"], "1");
+  EXPECT_EQ(m["labels"]["ballast.dev/incarnation"], "2");
+  EXPECT_EQ(m["labels"]["team"], "nlp");
+  EXPECT_EQ(m["ownerReferences"][0]["kind"], "ElasticJob");
+  EXPECT_EQ(m["ownerReferences"][0]["uid"], "u-1");
+  const Json& spec = (*pod)["spec"];
+  EXPECT_EQ(spec["restartPolicy"], "Never");
+  EXPECT_EQ(spec["nodeSelector"]["gpu"], "a100");
+  const Json& c = spec["containers"][0];
+  EXPECT_FALSE(c.contains("args"));
+  std::vector<std::string> cmd = c["command"];
+  EXPECT_THAT(cmd, ElementsAre("ballast", "run", "--rdzv-endpoint", "train-master.ml.svc:29400", "--rdzv-id", "train",
+                               "--nnodes", "2:4", "--nproc-per-node", "2", "--node-rank", "1", "--max-restarts", "3",
+                               "--node-unit", "1", "--local-addr", "$(BALLAST_POD_IP)", "--network-check",
+                               "--hang-timeout", "60", "--python", "python3", "/w/train.py", "--epochs", "3"));
+  std::map<std::string, Json> env;
+  for (const Json& e : c["env"]) env[e["name"]] = e;
+  EXPECT_EQ(env["A"]["value"], "1");
+  EXPECT_EQ(env["BALLAST_TOKEN"]["valueFrom"]["secretKeyRef"]["name"], "train-token");
+  EXPECT_EQ(env["BALLAST_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  EXPECT_EQ(env["BALLAST_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+  EXPECT_EQ(env["BALLAST_CKPT_DIR"]["value"], "/ckpt");
+  EXPECT_EQ(env["BALLAST_CHAOS_INCARNATION"]["value"], "2");
+  EXPECT_FALSE(spec.contains("affinity"));
+}
+
+TEST(BuildWorkerPod, AvoidedHostsBecomeAntiAffinityInEveryTerm) {
+  Json j = Job();
+  j["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+   ["nodeSelectorTerms"] = Json::parse(R"([{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                                           {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}])");
+  auto job = ParseElasticJob(j);
+  ASSERT_TRUE(job.ok());
+  WorkerPodParams p;
+  p.master_endpoint = "m:1";
+  p.avoid_hosts = {"bad-node"};
+  auto pod = BuildWorkerPod(*job, p);
+  ASSERT_TRUE(pod.ok());
+  const Json& terms = (*pod)["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                                ["nodeSelectorTerms"];
+  ASSERT_EQ(terms.size(), 2u);
+  for (const Json& t : terms) {
+    ASSERT_EQ(t["matchExpressions"].size(), 2u);
+    EXPECT_EQ(t["matchExpressions"][1],
+              Json::parse(R"({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["bad-node"]})"));
+  }
+}
+
+TEST(MasterObjects, PodServiceAndBindingNameTheJob) {
+  auto job = ParseElasticJob(Job());
+  ASSERT_TRUE(job.ok());
+  Json pod = BuildMasterPod(*job, MasterPodParams{3, "ballast:0.1.0", "pod-ip", "ballast"});
+  EXPECT_EQ(pod["metadata"]["name"], "train-master-3");
+  EXPECT_EQ(pod["metadata"]["labels"]["ballast.dev/role"], "master");
+  EXPECT_EQ(pod["spec"]["serviceAccountName"], "train-master");
+  std::vector<std::string> cmd = pod["spec"]["containers"][0]["command"];
+  EXPECT_THAT(cmd, ElementsAre("ballast", "master", "--kubernetes-job", "train", "--namespace", "ml", "--host",
+                               "$(BALLAST_POD_IP)", "--port", "29400", "--advertise-host", "$(BALLAST_POD_IP)"));
+  Json svc_pod = BuildMasterPod(*job, MasterPodParams{1, "img", "service", "ballast"});
+  EXPECT_EQ(svc_pod["spec"]["containers"][0]["command"].back(), "train-master.ml.svc");
+  EXPECT_EQ(BuildMasterService(*job)["spec"]["selector"]["ballast.dev/role"], "master");
+  EXPECT_EQ(BuildMasterRoleBinding(*job)["roleRef"]["name"], "ballast-master");
+  EXPECT_EQ(BuildTokenSecret(*job, "tok")["stringData"]["token"], "tok");
+}
+
+}  // namespace
+}  // namespace ballast::scheduler::kubernetes

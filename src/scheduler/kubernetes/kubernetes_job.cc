@@ -1,0 +1,349 @@
+#include "scheduler/kubernetes/kubernetes_job.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+#include "common/tunables.h"
+#include "scheduler/kubernetes/kubernetes_scheduler.h"
+#include "scheduler/node_manager.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::scheduler::kubernetes {
+namespace {
+
+using kube::Json;
+
+std::string JobPath(const ElasticJobSpec& job) { return kube::ObjectPath(kApiVersion, kPlural, job.ns, job.name); }
+
+void PrintError(const std::string& msg) { std::fprintf(stderr, "ballast master: %s\n", msg.c_str()); }
+
+int MembersOf(const v1::JobStatus& st) {
+  int n = 0;
+  for (const auto& node : st.nodes()) n += node.group_rank() >= 0 ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+// --- JobStatusWriter ---
+
+JobStatusWriter::JobStatusWriter(kube::KubeClient* client, const ElasticJobSpec& job, std::string pod_name)
+    : client_(client), job_(job), pod_name_(std::move(pod_name)) {
+  thread_ = std::thread([this] {
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  });
+}
+
+JobStatusWriter::~JobStatusWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void JobStatusWriter::Enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void JobStatusWriter::Patch(Json fields) {
+  Enqueue([this, fields = std::move(fields)] {
+    auto r = client_->Patch(JobPath(job_) + "/status", Json{{"status", fields}},
+                            absl::StrCat("update the status of ElasticJob ", job_.Describe()));
+    if (!r.ok()) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
+  });
+}
+
+void JobStatusWriter::Event(const std::string& reason, const std::string& message, bool warning) {
+  std::string msg = message.size() > 1000 ? message.substr(0, 997) + "..." : message;
+  const std::string now = Rfc3339Now();
+  Json ev = {{"apiVersion", "v1"},
+             {"kind", "Event"},
+             {"metadata", {{"name", absl::StrCat(job_.name, ".", RandomHex(8))}, {"namespace", job_.ns}}},
+             {"involvedObject",
+              {{"apiVersion", kApiVersion}, {"kind", kKind}, {"name", job_.name}, {"namespace", job_.ns},
+               {"uid", job_.uid}}},
+             {"reason", reason},
+             {"message", msg},
+             {"type", warning ? "Warning" : "Normal"},
+             {"firstTimestamp", now},
+             {"lastTimestamp", now},
+             {"count", 1},
+             {"source", {{"component", "ballast-master"}}},
+             {"reportingComponent", "ballast.dev/master"},
+             {"reportingInstance", pod_name_.empty() ? job_.MasterName() : pod_name_}};
+  Enqueue([this, ev = std::move(ev)] {
+    auto r = client_->Create(kube::CollectionPath("v1", "events", job_.ns), ev,
+                             absl::StrCat("create an event for ElasticJob ", job_.Describe()));
+    if (!r.ok()) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
+  });
+}
+
+void JobStatusWriter::SetCondition(Json* status, const std::string& type, const std::string& reason,
+                                   const std::string& message) {
+  // One condition True at a time among the phases; the others turn False.
+  const std::string now = Rfc3339Now();
+  bool found = false;
+  for (Json& c : conditions_) {
+    const bool mine = c["type"] == type;
+    found = found || mine;
+    const std::string want = mine ? "True" : "False";
+    if (c["status"] != want) {
+      c["status"] = want;
+      c["lastTransitionTime"] = now;
+    }
+    if (mine) {
+      c["reason"] = reason;
+      c["message"] = message.size() > 1000 ? message.substr(0, 997) + "..." : message;
+    }
+  }
+  if (!found) {
+    conditions_.push_back({{"type", type},
+                           {"status", "True"},
+                           {"reason", reason},
+                           {"message", message.size() > 1000 ? message.substr(0, 997) + "..." : message},
+                           {"lastTransitionTime", now}});
+  }
+  (*status)["conditions"] = conditions_;
+}
+
+void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
+  if (st.state() == "succeeded" || st.state() == "failed") return;  // Finish() says it
+  const int members = MembersOf(st);
+  Json s;
+  const bool running = st.state() == "running" || (st.state() == "rendezvous" && st.round() > 0);
+  s["phase"] = running ? "Running" : "Pending";
+  s["round"] = st.round();
+  s["nodes"] = members;
+  s["workers"] = st.world_size();
+  s["world"] = st.round() > 0 ? absl::StrCat(members, "/", job_.max_nodes, " nodes, ", st.world_size(), " workers")
+                              : absl::StrCat("0/", job_.max_nodes, " nodes");
+  s["restarts"] = st.restart_count();
+  s["replacements"] = replacements;
+  s["message"] = st.message();
+  if (!pod_name_.empty()) s["masterPod"] = pod_name_;
+  // Events for round changes, before the status that shows them.
+  if (st.round() > last_round_) {
+    if (last_round_ == 0) {
+      Event("Started", absl::StrCat("round ", st.round(), " started: ", members, " nodes, ", st.world_size(),
+                                    " workers"), false);
+    } else if (st.restart_count() > last_restarts_) {
+      const auto& f = st.last_failure();
+      Event("Restarted",
+            absl::StrCat("restart ", st.restart_count(), "/", job_.max_restarts, " (round ", st.round(), "): ",
+                         f.node_id().empty() ? st.message()
+                                             : absl::StrCat("worker rank ", f.global_rank(), " on node ", f.node_id(),
+                                                            " (host ", f.host(), "): ", f.cause())),
+            true);
+    } else if (members < last_nodes_) {
+      Event("ScaledDown", absl::StrCat("round ", st.round(), ": scaled down to ", members, " nodes (",
+                                       st.world_size(), " workers)"), true);
+    } else if (members > last_nodes_) {
+      Event("ScaledUp", absl::StrCat("round ", st.round(), ": scaled up to ", members, " nodes (", st.world_size(),
+                                     " workers)"), false);
+    }
+    last_round_ = st.round();
+    last_restarts_ = st.restart_count();
+    last_nodes_ = members;
+  }
+  Json compare = s;
+  if (running && !started_) {
+    started_ = true;
+    s["startTime"] = Rfc3339Now();
+  }
+  if (compare == last_ && !s.contains("startTime")) return;
+  last_ = compare;
+  SetCondition(&s, running ? "Running" : "Pending", running ? "RoundRunning" : "WaitingForNodes",
+               st.message());
+  Patch(std::move(s));
+}
+
+void JobStatusWriter::Finish(bool succeeded, const std::string& message, int restarts, int replacements) {
+  Json s;
+  s["phase"] = succeeded ? "Succeeded" : "Failed";
+  s["message"] = message;
+  s["restarts"] = restarts;
+  s["replacements"] = replacements;
+  s["completionTime"] = Rfc3339Now();
+  SetCondition(&s, succeeded ? "Succeeded" : "Failed", succeeded ? "JobSucceeded" : "JobFailed", message);
+  Patch(std::move(s));
+  Event(succeeded ? "Succeeded" : "Failed", message, !succeeded);
+}
+
+// --- the master's loop ---
+
+int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* signal) {
+  auto cfg = kube::KubeConfig::Load(o.kubeconfig);
+  if (!cfg.ok()) {
+    PrintError(std::string(cfg.status().message()));
+    return 1;
+  }
+  kube::KubeClient client(*cfg);
+  const std::string ns = o.ns.empty() ? cfg->namespace_name : o.ns;
+  auto obj = client.Get(kube::ObjectPath(kApiVersion, kPlural, ns, o.job_name),
+                        absl::StrCat("get ElasticJob ", ns, "/", o.job_name));
+  if (!obj.ok()) {
+    PrintError(absl::StrCat(obj.status().message(),
+                            absl::IsNotFound(obj.status()) ? " (is the ElasticJob CRD installed? kubectl apply -f deploy/)"
+                                                           : ""));
+    return 1;
+  }
+  auto job = ParseElasticJob(*obj);
+  if (!job.ok()) {
+    ElasticJobSpec bare;
+    bare.ns = ns;
+    bare.name = o.job_name;
+    bare.uid = kube::Str(*obj, {"metadata", "uid"});
+    JobStatusWriter w(&client, bare, o.pod_name);
+    w.Finish(false, std::string(job.status().message()), 0, 0);
+    PrintError(std::string(job.status().message()));
+    return 2;
+  }
+  if (o.token.empty()) {
+    PrintError("no job token: BALLAST_TOKEN must hold the job's Secret (the operator sets it)");
+    return 1;
+  }
+  JobStatusWriter status(&client, *job, o.pod_name);
+
+  master::MasterOptions mo;
+  mo.bind_host = o.bind_host;
+  mo.port = o.port;
+  mo.advertise_host = o.advertise_host.empty() ? o.bind_host : o.advertise_host;
+  mo.token = o.token;
+  mo.job_id = job->name;
+  mo.min_nodes = job->min_nodes;
+  mo.max_nodes = job->max_nodes;
+  mo.node_unit = job->node_unit;
+  mo.max_restarts = job->max_restarts;
+  mo.precheck = job->network_check;
+  mo.exclude_stragglers = job->exclude_stragglers;
+  std::atomic<NodeManager*> manager{nullptr};
+  mo.on_node_lost = [&manager](const std::string& id, const std::string& reason) {
+    if (auto* n = manager.load()) n->OnNodeLost(id, reason);
+  };
+  mo.on_node_excluded = [&manager](const std::string& id, const std::string& reason) {
+    if (auto* n = manager.load()) n->OnNodeExcluded(id, reason);
+  };
+  auto server = master::MasterServer::Start(mo);
+  if (!server.ok()) {
+    status.Finish(false, std::string(server.status().message()), 0, 0);
+    PrintError(std::string(server.status().message()));
+    return 1;
+  }
+  master::MasterServer& m = **server;
+  spdlog::info("ElasticJob {}: master on {} (agents dial {}); nodes {}:{} x {} workers, {} spare(s)",
+               job->Describe(), absl::StrCat(o.bind_host, ":", m.port()), m.address(), job->min_nodes,
+               job->max_nodes, job->nproc_per_node, job->spares);
+
+  KubernetesSchedulerOptions so;
+  so.client = &client;
+  so.job = *job;
+  so.master_endpoint = m.address();
+  so.ballast = o.ballast;
+  so.pending_timeout_s = job->pending_timeout_s;
+  auto sched = KubernetesScheduler::Start(so);
+  if (!sched.ok()) {
+    m.Abort(std::string(sched.status().message()));
+    status.Finish(false, std::string(sched.status().message()), 0, 0);
+    m.Shutdown(0);
+    PrintError(std::string(sched.status().message()));
+    return 1;
+  }
+  NodeManagerOptions nmo;
+  nmo.initial_nodes = job->max_nodes + job->spares;
+  nmo.max_replacements = job->max_replacements;
+  nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
+  nmo.name = [&](int rank, int inc) { return job->WorkerPodName(rank, inc); };
+  nmo.on_event = [&status](const std::string& reason, const std::string& message, bool warning) {
+    status.Event(reason, message, warning);
+  };
+  NodeManager nodes(sched->get(), nmo);
+  manager.store(&nodes);
+  if (absl::Status s = nodes.Start(); !s.ok()) m.Abort(std::string(s.message()));
+
+  std::set<std::string> cordoned;
+  std::optional<master::JobResult> result;
+  while (!result.has_value() && signal->load() == 0) {
+    result = m.WaitForFinish(0.1);
+    if (result.has_value()) break;
+    nodes.Poll(/*job_finished=*/false);
+    if (absl::Status f = (*sched)->fatal(); !f.ok()) m.Abort(std::string(f.message()));
+    if (nodes.Exhausted()) {
+      m.Abort(absl::StrCat("every worker pod ended and spec.maxReplacements (", job->max_replacements,
+                           ") is used up; see the job's events"));
+    }
+    for (const std::string& host : nodes.avoid_hosts()) {
+      if (!job->cordon_bad_nodes || !cordoned.insert(host).second) continue;
+      auto r = client.Patch(kube::ObjectPath("v1", "nodes", "", host), Json{{"spec", {{"unschedulable", true}}}},
+                            absl::StrCat("cordon node ", host));
+      if (r.ok()) {
+        status.Event("NodeCordoned", absl::StrCat("cordoned Kubernetes node ", host, " (spec.cordonBadNodes)"), true);
+      } else {
+        status.Event("CordonFailed",
+                     absl::StrCat("spec.cordonBadNodes: cannot cordon node ", host, ": ", r.status().message(),
+                                  absl::IsPermissionDenied(r.status())
+                                      ? " (grant the master's ServiceAccount `patch nodes` to allow it)"
+                                      : ""),
+                     true);
+      }
+    }
+    status.Update(m.Status(), nodes.replacements());
+  }
+  const int sig = signal->load();
+  if (!result.has_value()) {
+    // Deleted or suspended (the operator deletes this pod), or shut down.
+    spdlog::warn("ElasticJob {}: master stopped by signal {}: deleting the worker pods", job->Describe(), sig);
+    (*sched)->StopAll(Tunables::Get().stop_grace_s);
+    m.Shutdown(0);
+    return 128 + sig;
+  }
+  status.Finish(result->succeeded,
+                result->succeeded ? absl::StrCat("job succeeded: ", result->restart_count, " restart(s), ",
+                                                 nodes.replacements(), " pod replacement(s)")
+                                  : result->message,
+                result->restart_count, nodes.replacements());
+  // Agents exit on JobFinished; give them the time to, then clean up.
+  m.Shutdown(Tunables::Get().finish_linger_s);
+  for (int i = 0; i < 40 && !(*sched)->RunningNodes().empty(); ++i) {
+    nodes.Poll(/*job_finished=*/true);
+    usleep(50000);
+  }
+  nodes.Poll(/*job_finished=*/true);
+  (*sched)->StopAll(Tunables::Get().stop_grace_s);
+  // Until only the pods that succeeded are left: pods on a dead node are
+  // force-deleted after their grace period (Poll does it), never left behind.
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::duration<double>(Tunables::Get().stop_grace_s + 2 + so.force_delete_after_s + 5);
+  while ((*sched)->PodsInApi() > (*sched)->SucceededPods() && std::chrono::steady_clock::now() < give_up) {
+    nodes.Poll(/*job_finished=*/true);
+    usleep(100000);
+  }
+  if (result->succeeded) {
+    std::printf("ballast master: ElasticJob %s succeeded (%d restarts, %d pod replacements)\n",
+                job->Describe().c_str(), result->restart_count, nodes.replacements());
+    return 0;
+  }
+  PrintError(absl::StrCat("ElasticJob ", job->Describe(), " failed: ", result->message));
+  return 1;
+}
+
+}  // namespace ballast::scheduler::kubernetes

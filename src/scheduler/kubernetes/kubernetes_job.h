@@ -1,0 +1,80 @@
+// The master of one ElasticJob on Kubernetes (`ballast master
+// --kubernetes-job NAME`, run by the operator in the job's master pod): reads
+// the job, serves the rendezvous, creates and replaces the worker pods
+// (KubernetesScheduler under NodeManager: the same replacement policy as
+// every backend), and keeps the ElasticJob's .status and events current
+// (phase, round, world, restarts, replacements, conditions; pod replaced,
+// node excluded, scaled down/up, restarted, failed with reason).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "ballast/v1/master.pb.h"
+#include "kube/kube_client.h"
+#include "master/master_server.h"
+#include "scheduler/kubernetes/elastic_job.h"
+
+namespace ballast::scheduler::kubernetes {
+
+struct KubernetesJobOptions {
+  std::string job_name;
+  std::string ns;              // "" = the kube config's namespace (the pod's own in-cluster)
+  std::string kubeconfig;      // "" = KubeConfig::Load's order
+  std::string bind_host = "0.0.0.0";
+  int port = kMasterPort;
+  std::string advertise_host;  // what agents dial; "" = the bind host
+  std::string token;           // required (the job's Secret, via BALLAST_TOKEN)
+  std::string ballast = "ballast";
+  std::string pod_name;        // this master's pod, for .status.masterPod
+};
+
+// Runs the job to its end. Returns the exit code: 0 succeeded, 1 failed (or
+// could not start), 2 the ElasticJob is invalid, 128+N when *signal became N.
+int RunKubernetesJob(const KubernetesJobOptions& options, const std::atomic<int>* signal);
+
+// Writes an ElasticJob's .status (merge patch on the status subresource,
+// only when it changed) and posts core/v1 Events about it, on a thread of its
+// own so the caller never waits for the API server.
+class JobStatusWriter {
+ public:
+  JobStatusWriter(kube::KubeClient* client, const ElasticJobSpec& job, std::string pod_name);
+  ~JobStatusWriter();  // sends what is queued, then stops
+
+  // From the master's status: phase, round, world, restarts, conditions;
+  // round changes become events (Started, Restarted, ScaledDown, ScaledUp).
+  void Update(const v1::JobStatus& status, int replacements);
+  // Final: Succeeded or Failed, with the message and an event.
+  void Finish(bool succeeded, const std::string& message, int restarts, int replacements);
+  void Event(const std::string& reason, const std::string& message, bool warning);
+  // Patches .status with `fields` (merged), e.g. {"phase": "Failed", "message": ...}.
+  void Patch(kube::Json fields);
+
+ private:
+  void Enqueue(std::function<void()> task);
+  void SetCondition(kube::Json* status, const std::string& type, const std::string& reason,
+                    const std::string& message);
+
+  kube::KubeClient* const client_;
+  const ElasticJobSpec job_;
+  const std::string pod_name_;
+  kube::Json last_;          // the last status written (the loop thread's copy)
+  kube::Json conditions_ = kube::Json::array();
+  int64_t last_round_ = 0;
+  int last_restarts_ = 0;
+  int last_nodes_ = 0;
+  bool started_ = false;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ballast::scheduler::kubernetes
