@@ -374,6 +374,14 @@ absl::StatusOr<Json> KubeClient::Patch(const std::string& path, const Json& body
                                        const std::string& content_type) {
   return Request("PATCH", path, &body, content_type, what);
 }
+absl::StatusOr<Json> KubeClient::Apply(const std::string& path, const Json& body, const std::string& field_manager,
+                                       const std::string& what) {
+  const char* sep = path.find('?') == std::string::npos ? "?" : "&";
+  // JSON is YAML: the apply content type takes it as it is.
+  return Request("PATCH", absl::StrCat(path, sep, "fieldManager=", UrlEncode(field_manager), "&force=true"), &body,
+                 "application/apply-patch+yaml", what);
+}
+
 absl::StatusOr<Json> KubeClient::Delete(const std::string& path, const Json& body, const std::string& what) {
   return Request("DELETE", path, body.is_null() ? nullptr : &body, "application/json", what);
 }

@@ -84,6 +84,11 @@ class KubeClient {
   // application/strategic-merge-patch+json, application/json-patch+json.
   absl::StatusOr<Json> Patch(const std::string& path, const Json& body, const std::string& what,
                              const std::string& content_type = "application/merge-patch+json");
+  // Server-side apply: `body` (apiVersion, kind, metadata.name and the fields
+  // this manager owns) becomes field_manager's intent; force takes fields
+  // over from other managers. Fields it applied before and omits now are removed.
+  absl::StatusOr<Json> Apply(const std::string& path, const Json& body, const std::string& field_manager,
+                             const std::string& what);
   // body: DeleteOptions (e.g. {"gracePeriodSeconds": 0}); null for none.
   absl::StatusOr<Json> Delete(const std::string& path, const Json& body, const std::string& what);
 

@@ -125,10 +125,20 @@ absl::Status Operator::EnsureObject(const std::string& api_version, const std::s
   return r.status();
 }
 
-void Operator::PatchStatus(const std::string& ns, const std::string& name, const Json& fields) {
-  auto r = client_->Patch(kube::ObjectPath(k8s::kApiVersion, k8s::kPlural, ns, name) + "/status",
-                          Json{{"status", fields}}, absl::StrCat("update the status of ElasticJob ", ns, "/", name));
-  if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
+absl::Status Operator::PatchStatus(const Json& job, const Json& fields) {
+  const std::string ns = kube::Str(job, {"metadata", "namespace"});
+  const std::string name = kube::Str(job, {"metadata", "name"});
+  Json body = {{"metadata", {{"resourceVersion", kube::Str(job, {"metadata", "resourceVersion"})}}}, {"status", fields}};
+  auto r = client_->Patch(kube::ObjectPath(k8s::kApiVersion, k8s::kPlural, ns, name) + "/status", body,
+                          absl::StrCat("update the status of ElasticJob ", ns, "/", name));
+  if (r.ok()) return absl::OkStatus();
+  if (absl::IsAborted(r.status())) {
+    spdlog::debug("operator: ElasticJob {}/{} changed meanwhile; deciding again", ns, name);
+    Enqueue(JobKey(ns, name));
+  } else {
+    spdlog::warn("operator: {}", std::string(r.status().message()));
+  }
+  return r.status();
 }
 
 void Operator::Event(const Json& job, const std::string& reason, const std::string& message, bool warning) {
@@ -167,8 +177,8 @@ void Operator::Reconcile(const std::string& key) {
   if (Finished(job)) return;
   auto spec = k8s::ParseElasticJob(job);
   if (!spec.ok()) {
-    if (kube::Str(job, {"status", "message"}) != spec.status().message()) {
-      PatchStatus(ns, name, {{"phase", "Failed"}, {"message", std::string(spec.status().message())}});
+    if (kube::Str(job, {"status", "message"}) != spec.status().message() &&
+        PatchStatus(job, {{"phase", "Failed"}, {"message", std::string(spec.status().message())}}).ok()) {
       Event(job, "InvalidSpec", std::string(spec.status().message()), true);
     }
     return;
@@ -197,9 +207,12 @@ void Operator::Reconcile(const std::string& key) {
   };
   if (spec->suspend) {
     if (phase != "Suspended") {
+      if (!PatchStatus(job, {{"phase", "Suspended"}, {"message", "suspended (spec.suspend); set it to false to resume"}})
+               .ok()) {
+        return;
+      }
       delete_pods(spec->MasterSelector(), "the job is suspended");
       delete_pods(spec->WorkerSelector(), "the job is suspended");
-      PatchStatus(ns, name, {{"phase", "Suspended"}, {"message", "suspended (spec.suspend); set it to false to resume"}});
       Event(job, "Suspended", "the job is suspended: its master and worker pods are deleted", false);
     }
     return;
@@ -225,11 +238,16 @@ void Operator::Reconcile(const std::string& key) {
     if (restarts >= options_.max_master_restarts) {
       const std::string msg = absl::StrCat("job failed: its master pod ended ", restarts + 1, " times (last: ",
                                            kube::Str(current, {"metadata", "name"}), " ", how, ")");
-      PatchStatus(ns, name, {{"phase", "Failed"}, {"message", msg}, {"completionTime", k8s::Rfc3339Now()}});
+      if (!PatchStatus(job, {{"phase", "Failed"}, {"message", msg}, {"completionTime", k8s::Rfc3339Now()}}).ok()) {
+        return;
+      }
       Event(job, "Failed", msg, true);
       delete_pods(spec->WorkerSelector(), "the job failed");
       return;
     }
+    // Counted before the new master starts, conditional on the state seen:
+    // a decision made from a stale cache is retried, never doubled.
+    if (!PatchStatus(job, {{"masterRestarts", restarts + 1}}).ok()) return;
     ++restarts;
     Event(job, "MasterRestarted",
           absl::StrCat("master pod ", kube::Str(current, {"metadata", "name"}), " ended (", how,
@@ -243,11 +261,12 @@ void Operator::Reconcile(const std::string& key) {
                                absl::StrCat("delete pod ", ns, "/", old));
       if (!r.ok() && !absl::IsNotFound(r.status())) spdlog::warn("operator: {}", std::string(r.status().message()));
     }
-    PatchStatus(ns, name, {{"masterRestarts", restarts}});
   } else if (phase.empty()) {
-    PatchStatus(ns, name, {{"phase", "Pending"}, {"message", "starting the master"}, {"masterRestarts", 0}});
+    if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "starting the master"}, {"masterRestarts", 0}}).ok()) {
+      return;
+    }
   } else if (phase == "Suspended") {
-    PatchStatus(ns, name, {{"phase", "Pending"}, {"message", "resuming: starting a new master"}});
+    if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "resuming: starting a new master"}}).ok()) return;
     Event(job, "Resumed", "spec.suspend is false: starting a new master (the job resumes from its checkpoints)",
           false);
   }

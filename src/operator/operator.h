@@ -57,7 +57,10 @@ class Operator {
   void Enqueue(const std::string& key);
   absl::Status EnsureObject(const std::string& api_version, const std::string& plural, const std::string& ns,
                             const kube::Json& object);
-  void PatchStatus(const std::string& ns, const std::string& name, const kube::Json& fields);
+  // Merge-patches the job's .status, conditional on the resourceVersion the
+  // decision was made from (optimistic concurrency): kAborted when the job
+  // changed meanwhile (the key is queued again, to decide afresh).
+  absl::Status PatchStatus(const kube::Json& job, const kube::Json& fields);
   void Event(const kube::Json& job, const std::string& reason, const std::string& message, bool warning);
 
   kube::KubeClient* const client_;

@@ -142,6 +142,28 @@ class ElasticJobTest(unittest.TestCase):
         self.assertEqual(masters, ["masterkill-master-2"], "the dead master's pod was replaced, not kept")
         self.assert_no_failed_pods_left(j)
 
+    def test_suspended_job_stops_its_pods_and_resumes_from_its_checkpoint(self):
+        j = self.harness("suspend")
+        j.apply(train_job("suspend", self.ns, self.out, nodes="2", steps=60, step_time=0.15))
+        self.k.wait(lambda: len(j.running()) == 2, 60, "2 worker pods Running")
+        wait_steps(self.k, self.out, range(2), 5, 90)
+        self.k.kubectl("-n", self.ns, "patch", "elasticjob", "suspend", "--type=merge", "-p",
+                       '{"spec": {"suspend": true}}')
+        j.wait_phase("Suspended", 60)
+        self.k.wait(lambda: not [p for p in self.k.pods(self.ns, "ballast.dev/job=suspend")
+                                 if not p["metadata"].get("deletionTimestamp")], 60, "every pod of the job stopped")
+        stopped_at = min_step(self.out, range(2))
+        self.k.kubectl("-n", self.ns, "patch", "elasticjob", "suspend", "--type=merge", "-p",
+                       '{"spec": {"suspend": false}}')
+        j.wait_phase("Succeeded", 240)
+        self.assertEqual(done_ranks(self.out, 2), [0, 1], j.debug())
+        from _jobs import read_events
+        resumed = [e["step"] for e in read_events(self.out, 0) if e["event"] == "start"][-1]
+        self.assertGreater(resumed, 0, "the resumed workers started from the checkpoint, not from step 0")
+        self.assertLessEqual(resumed, stopped_at + 1)
+        self.assertIn("Suspended", j.reasons())
+        self.assertIn("Resumed", j.reasons())
+
     def test_deleting_the_job_deletes_every_pod_service_and_secret(self):
         j = self.harness("gc")
         j.apply(sleep_job("gc", self.ns, nodes="2", spares=1))

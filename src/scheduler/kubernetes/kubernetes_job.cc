@@ -65,9 +65,14 @@ void JobStatusWriter::Enqueue(std::function<void()> task) {
   cv_.notify_one();
 }
 
-void JobStatusWriter::Patch(Json fields) {
-  Enqueue([this, fields = std::move(fields)] {
-    auto r = client_->Patch(JobPath(job_) + "/status", Json{{"status", fields}},
+void JobStatusWriter::Patch(const Json& fields) {
+  for (const auto& [k, v] : fields.items()) applied_[k] = v;
+  Json body = {{"apiVersion", kApiVersion},
+               {"kind", kKind},
+               {"metadata", {{"name", job_.name}, {"namespace", job_.ns}}},
+               {"status", applied_}};
+  Enqueue([this, body = std::move(body)] {
+    auto r = client_->Apply(JobPath(job_) + "/status", body, "ballast-master",
                             absl::StrCat("update the status of ElasticJob ", job_.Describe()));
     if (!r.ok()) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
   });
@@ -174,7 +179,7 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
   last_ = compare;
   SetCondition(&s, running ? "Running" : "Pending", running ? "RoundRunning" : "WaitingForNodes",
                st.message());
-  Patch(std::move(s));
+  Patch(s);
 }
 
 void JobStatusWriter::Finish(bool succeeded, const std::string& message, int restarts, int replacements) {
@@ -185,7 +190,7 @@ void JobStatusWriter::Finish(bool succeeded, const std::string& message, int res
   s["replacements"] = replacements;
   s["completionTime"] = Rfc3339Now();
   SetCondition(&s, succeeded ? "Succeeded" : "Failed", succeeded ? "JobSucceeded" : "JobFailed", message);
-  Patch(std::move(s));
+  Patch(s);
   Event(succeeded ? "Succeeded" : "Failed", message, !succeeded);
 }
 

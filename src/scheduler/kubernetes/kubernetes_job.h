@@ -38,9 +38,13 @@ struct KubernetesJobOptions {
 // could not start), 2 the ElasticJob is invalid, 128+N when *signal became N.
 int RunKubernetesJob(const KubernetesJobOptions& options, const std::atomic<int>* signal);
 
-// Writes an ElasticJob's .status (merge patch on the status subresource,
-// only when it changed) and posts core/v1 Events about it, on a thread of its
-// own so the caller never waits for the API server.
+// Writes an ElasticJob's .status and posts core/v1 Events about it, on a
+// thread of its own so the caller never waits for the API server. Status goes
+// through server-side apply on the status subresource (field manager
+// "ballast-master"), only when it changed, always with every field this
+// master set so far (an applied field left out would be removed). The
+// operator writes its own fields (masterRestarts) with optimistic
+// concurrency; the two never overwrite each other's.
 class JobStatusWriter {
  public:
   JobStatusWriter(kube::KubeClient* client, const ElasticJobSpec& job, std::string pod_name);
@@ -52,8 +56,9 @@ class JobStatusWriter {
   // Final: Succeeded or Failed, with the message and an event.
   void Finish(bool succeeded, const std::string& message, int restarts, int replacements);
   void Event(const std::string& reason, const std::string& message, bool warning);
-  // Patches .status with `fields` (merged), e.g. {"phase": "Failed", "message": ...}.
-  void Patch(kube::Json fields);
+  // Sets .status fields (merged into what this master applied before), e.g.
+  // {"phase": "Failed", "message": ...}, and applies the whole.
+  void Patch(const kube::Json& fields);
 
  private:
   void Enqueue(std::function<void()> task);
@@ -63,7 +68,8 @@ class JobStatusWriter {
   kube::KubeClient* const client_;
   const ElasticJobSpec job_;
   const std::string pod_name_;
-  kube::Json last_;          // the last status written (the loop thread's copy)
+  kube::Json last_;          // the last status compared (the loop thread's copy)
+  kube::Json applied_ = kube::Json::object();  // every status field this master owns
   kube::Json conditions_ = kube::Json::array();
   int64_t last_round_ = 0;
   int last_restarts_ = 0;
