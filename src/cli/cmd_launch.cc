@@ -152,12 +152,9 @@ int LaunchCommand(const Args& args) {
   // The master tells the node manager (created once the master's address is
   // known, before any agent starts) which nodes it lost or excluded.
   std::atomic<scheduler::NodeManager*> node_manager{nullptr};
-  mopts.on_node_lost = [&node_manager](const std::string& id, const std::string& reason) {
-    if (auto* n = node_manager.load()) n->OnNodeLost(id, reason);
-  };
-  mopts.on_node_excluded = [&node_manager](const std::string& id, const std::string& reason) {
-    if (auto* n = node_manager.load()) n->OnNodeExcluded(id, reason);
-  };
+  scheduler::NodeCallbacks forward = scheduler::ForwardTo(&node_manager);
+  mopts.on_node_lost = forward.lost;
+  mopts.on_node_excluded = forward.excluded;
   auto server = master::MasterServer::Start(mopts);
   if (!server.ok()) {
     std::fprintf(stderr, "ballast launch: %s\n", std::string(server.status().message()).c_str());

@@ -367,6 +367,21 @@ TEST_F(JobMasterTest, ReconnectWithinGraceKeepsNode) {
   EXPECT_EQ(jm_->Status().round(), 1);
 }
 
+TEST_F(JobMasterTest, AbortFailsTheJobAndTellsEveryAgentOnce) {
+  Make(Options(1, 2));
+  Add("a");
+  Add("b");
+  jm_->Abort("every worker pod ended and spec.maxReplacements (3) is used up");
+  ASSERT_TRUE(jm_->outcome().has_value());
+  EXPECT_FALSE(jm_->outcome()->succeeded);
+  EXPECT_EQ(jm_->outcome()->message, "job failed: every worker pod ended and spec.maxReplacements (3) is used up");
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_job_finished());
+  EXPECT_FALSE(d.job_finished().succeeded());
+  jm_->Abort("a second reason");  // a no-op once finished
+  EXPECT_THAT(jm_->outcome()->message, HasSubstr("maxReplacements"));
+}
+
 TEST_F(JobMasterTest, FailureCausedByLostNodeIsNotCountedAsRestart) {
   auto o = Options(1, 2);
   o.disconnect_grace_s = 1.0;

@@ -47,6 +47,16 @@ std::string HowEnded(const Json& pod) {
   return why.empty() ? kube::Str(pod, {"status", "phase"}) : why;
 }
 
+// The master container's exit code, -1 when it has none (evicted, deleted, running).
+int64_t MasterExitCode(const Json& pod) {
+  if (const Json* cs = kube::Find(pod, {"status", "containerStatuses"}); cs != nullptr && cs->is_array()) {
+    for (const Json& c : *cs) {
+      if (const Json* t = kube::Find(c, {"state", "terminated"}); t != nullptr) return kube::Int(*t, {"exitCode"}, -1);
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 Operator::Operator(kube::KubeClient* client, OperatorOptions options)
@@ -142,23 +152,12 @@ absl::Status Operator::PatchStatus(const Json& job, const Json& fields) {
 }
 
 void Operator::Event(const Json& job, const std::string& reason, const std::string& message, bool warning) {
-  const std::string ns = kube::Str(job, {"metadata", "namespace"});
-  const std::string name = kube::Str(job, {"metadata", "name"});
-  const std::string now = k8s::Rfc3339Now();
-  Json ev = {{"apiVersion", "v1"},
-             {"kind", "Event"},
-             {"metadata", {{"name", absl::StrCat(name, ".", RandomHex(8))}, {"namespace", ns}}},
-             {"involvedObject",
-              {{"apiVersion", k8s::kApiVersion}, {"kind", k8s::kKind}, {"name", name}, {"namespace", ns},
-               {"uid", kube::Str(job, {"metadata", "uid"})}}},
-             {"reason", reason},
-             {"message", message.size() > 1000 ? message.substr(0, 997) + "..." : message},
-             {"type", warning ? "Warning" : "Normal"},
-             {"firstTimestamp", now},
-             {"lastTimestamp", now},
-             {"count", 1},
-             {"source", {{"component", "ballast-operator"}}}};
-  auto r = client_->Create(kube::CollectionPath("v1", "events", ns), ev, "create an event");
+  const Json& meta = job["metadata"];
+  const std::string ns = kube::Str(meta, {"namespace"});
+  const std::string name = kube::Str(meta, {"name"});
+  auto r = client_->Create(kube::CollectionPath("v1", "events", ns),
+                           k8s::BuildJobEvent(meta, reason, message, warning, "ballast-operator"),
+                           absl::StrCat("create an event for ElasticJob ", ns, "/", name));
   if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
   if (warning) {
     spdlog::warn("operator: ElasticJob {}/{}: {}: {}", ns, name, reason, message);
@@ -233,8 +232,25 @@ void Operator::Reconcile(const std::string& key) {
     const std::string mphase = kube::Str(current, {"status", "phase"});
     const bool deleting = kube::Find(current, {"metadata", "deletionTimestamp"}) != nullptr;
     if (!deleting && mphase != "Succeeded" && mphase != "Failed") return;  // running (or starting)
-    // The master ended, but the job did not finish: it crashed, was evicted or deleted.
     const std::string how = HowEnded(current);
+    // A master that exited by itself decided the job: 0 succeeded, 1 failed,
+    // 2 invalid job (it writes the final status before it exits; this covers a
+    // status write that did not get through). Only a master that was killed
+    // (a signal, the OOM killer), evicted or deleted is replaced.
+    const int64_t code = MasterExitCode(current);
+    if (!deleting && (code == 0 || code == 1 || code == 2)) {
+      const std::string msg =
+          code == 0 ? "job succeeded (its master exited 0)"
+                    : absl::StrCat("job failed: its master exited ", code, " (", how, "); see the master pod's log");
+      if (PatchStatus(job, {{"phase", code == 0 ? "Succeeded" : "Failed"},
+                            {"message", msg},
+                            {"completionTime", k8s::Rfc3339Now()}})
+              .ok()) {
+        Event(job, code == 0 ? "Succeeded" : "Failed", msg, code != 0);
+      }
+      return;
+    }
+    // The master ended, but the job did not finish: it crashed, was evicted or deleted.
     if (restarts >= options_.max_master_restarts) {
       const std::string msg = absl::StrCat("job failed: its master pod ended ", restarts + 1, " times (last: ",
                                            kube::Str(current, {"metadata", "name"}), " ", how, ")");

@@ -13,9 +13,11 @@
 //    resuming starts a new master (the job resumes from its checkpoints);
 //  - else: the job token Secret, the master's ServiceAccount and RoleBinding
 //    (to ClusterRole ballast-master), the master Service, and a master pod
-//    <job>-master-<generation>. A master pod that ended without the job
-//    finishing (crashed, evicted, deleted) is replaced by the next
-//    generation, up to max_master_restarts; then the job fails saying why.
+//    <job>-master-<generation>. A master that exited by itself decided the
+//    job (0 succeeded, 1 failed, 2 invalid: the status says so even when its
+//    last write was lost); one that was killed, evicted or deleted before the
+//    job finished is replaced by the next generation, up to
+//    max_master_restarts; then the job fails saying why.
 // Everything created has an owner reference to the job, so deleting the job
 // deletes all of it (the garbage collector).
 //

@@ -151,4 +151,13 @@ bool NodeManager::Exhausted() const {
   return true;
 }
 
+NodeCallbacks ForwardTo(std::atomic<NodeManager*>* slot) {
+  return NodeCallbacks{[slot](const std::string& id, const std::string& reason) {
+                         if (NodeManager* n = slot->load()) n->OnNodeLost(id, reason);
+                       },
+                       [slot](const std::string& id, const std::string& reason) {
+                         if (NodeManager* n = slot->load()) n->OnNodeExcluded(id, reason);
+                       }};
+}
+
 }  // namespace ballast::scheduler

@@ -17,6 +17,7 @@
 // any thread, including with the master's lock held: they only queue.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -96,5 +97,15 @@ class NodeManager {
   std::mutex mu_;
   std::vector<Notice> notices_;  // guarded by mu_
 };
+
+// The master's node callbacks (MasterOptions::on_node_lost, on_node_excluded),
+// forwarding to the NodeManager in *slot once it is set: the manager is made
+// after the master (it needs the master's address), before any agent starts,
+// so nothing is lost in between.
+struct NodeCallbacks {
+  std::function<void(const std::string& node_id, const std::string& reason)> lost;
+  std::function<void(const std::string& node_id, const std::string& reason)> excluded;
+};
+NodeCallbacks ForwardTo(std::atomic<NodeManager*>* slot);
 
 }  // namespace ballast::scheduler

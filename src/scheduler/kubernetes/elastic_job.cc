@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/chaos.h"
+#include "common/net.h"
 #include "common/node_range.h"
 
 namespace ballast::scheduler::kubernetes {
@@ -322,6 +323,26 @@ std::string Rfc3339Now() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+Json BuildJobEvent(const Json& meta, const std::string& reason, const std::string& message, bool warning,
+                   const std::string& component) {
+  const std::string ns = kube::Str(meta, {"namespace"});
+  const std::string name = kube::Str(meta, {"name"});
+  const std::string now = Rfc3339Now();
+  return Json{{"apiVersion", "v1"},
+              {"kind", "Event"},
+              {"metadata", {{"name", absl::StrCat(name, ".", RandomHex(8))}, {"namespace", ns}}},
+              {"involvedObject",
+               {{"apiVersion", kApiVersion}, {"kind", kKind}, {"name", name}, {"namespace", ns},
+                {"uid", kube::Str(meta, {"uid"})}}},
+              {"reason", reason},
+              {"message", message.size() > 1000 ? message.substr(0, 997) + "..." : message},
+              {"type", warning ? "Warning" : "Normal"},
+              {"firstTimestamp", now},
+              {"lastTimestamp", now},
+              {"count", 1},
+              {"source", {{"component", component}}}};
 }
 
 }  // namespace ballast::scheduler::kubernetes

@@ -108,4 +108,10 @@ Json BuildMasterRoleBinding(const ElasticJobSpec& job);
 // RFC 3339 UTC time ("2026-12-01T10:00:00Z") for status and events.
 std::string Rfc3339Now();
 
+// A core/v1 Event about the ElasticJob `job` (its metadata: namespace, name,
+// uid): what `kubectl describe elasticjob` lists. The message is cut to 1000
+// characters.
+Json BuildJobEvent(const Json& job_metadata, const std::string& reason, const std::string& message, bool warning,
+                   const std::string& component);
+
 }  // namespace ballast::scheduler::kubernetes

@@ -6,7 +6,6 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/net.h"
 #include "common/tunables.h"
 #include "scheduler/kubernetes/kubernetes_scheduler.h"
 #include "scheduler/node_manager.h"
@@ -79,23 +78,10 @@ void JobStatusWriter::Patch(const Json& fields) {
 }
 
 void JobStatusWriter::Event(const std::string& reason, const std::string& message, bool warning) {
-  std::string msg = message.size() > 1000 ? message.substr(0, 997) + "..." : message;
-  const std::string now = Rfc3339Now();
-  Json ev = {{"apiVersion", "v1"},
-             {"kind", "Event"},
-             {"metadata", {{"name", absl::StrCat(job_.name, ".", RandomHex(8))}, {"namespace", job_.ns}}},
-             {"involvedObject",
-              {{"apiVersion", kApiVersion}, {"kind", kKind}, {"name", job_.name}, {"namespace", job_.ns},
-               {"uid", job_.uid}}},
-             {"reason", reason},
-             {"message", msg},
-             {"type", warning ? "Warning" : "Normal"},
-             {"firstTimestamp", now},
-             {"lastTimestamp", now},
-             {"count", 1},
-             {"source", {{"component", "ballast-master"}}},
-             {"reportingComponent", "ballast.dev/master"},
-             {"reportingInstance", pod_name_.empty() ? job_.MasterName() : pod_name_}};
+  Json ev = BuildJobEvent(Json{{"namespace", job_.ns}, {"name", job_.name}, {"uid", job_.uid}}, reason, message,
+                          warning, "ballast-master");
+  ev["reportingComponent"] = "ballast.dev/master";
+  ev["reportingInstance"] = pod_name_.empty() ? job_.MasterName() : pod_name_;
   Enqueue([this, ev = std::move(ev)] {
     auto r = client_->Create(kube::CollectionPath("v1", "events", job_.ns), ev,
                              absl::StrCat("create an event for ElasticJob ", job_.Describe()));
@@ -242,12 +228,9 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   mo.precheck = job->network_check;
   mo.exclude_stragglers = job->exclude_stragglers;
   std::atomic<NodeManager*> manager{nullptr};
-  mo.on_node_lost = [&manager](const std::string& id, const std::string& reason) {
-    if (auto* n = manager.load()) n->OnNodeLost(id, reason);
-  };
-  mo.on_node_excluded = [&manager](const std::string& id, const std::string& reason) {
-    if (auto* n = manager.load()) n->OnNodeExcluded(id, reason);
-  };
+  NodeCallbacks forward = ForwardTo(&manager);
+  mo.on_node_lost = forward.lost;
+  mo.on_node_excluded = forward.excluded;
   auto server = master::MasterServer::Start(mo);
   if (!server.ok()) {
     status.Finish(false, std::string(server.status().message()), 0, 0);
