@@ -30,13 +30,14 @@ class CrossHost(TestCase):
                 return lan.popen(0, [BIN, "master", "--nnodes", nnodes, "--port", str(PORT), "--token", TOKEN],
                              stdout=out, stderr=subprocess.STDOUT)
 
-    def start_agent(self, lan, host, node_rank, extra=()):
-        env = dict(os.environ, BALLAST_TOKEN=TOKEN)
+    def start_agent(self, lan, host, node_rank, extra=(), script=None, env_extra=None):
+        env = dict(os.environ, BALLAST_TOKEN=TOKEN, **(env_extra or {}))
+        script = script or [os.path.join(EXAMPLES, "train_ddp.py"), "--steps", "6", "--step-time", "0.05",
+                            "--out", os.path.join(self.tmp, "out")]
         with open(os.path.join(self.tmp, f"agent{node_rank}.log"), "w") as out:
             return lan.popen(host, [BIN, "run", "--rdzv-endpoint", f"{lan.addr(0)}:{PORT}", "--nnodes", "2",
                                     "--nproc-per-node", "2", "--node-rank", str(node_rank), "--python", PYTHON,
-                                    *extra, os.path.join(EXAMPLES, "train_ddp.py"), "--steps", "6",
-                                    "--step-time", "0.05", "--out", os.path.join(self.tmp, "out")],
+                                    *extra, *script],
                              stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def log(self, name):
@@ -94,6 +95,31 @@ class CrossHost(TestCase):
         self.assertRegex(master_log, r"node rank \d \(node host\d-\d+-[0-9a-f]+, host ")
         # One retry (network failures get one), then the job fails: seconds, not the minutes of a hang.
         self.assertLess(elapsed, 90, self.logs())
+
+    def test_node_whose_ranks_never_reach_the_store_fails_the_round_naming_it(self):
+        # Node 1's workers never call init_process_group (stuck before it):
+        # node 0's torch store waits for them, and without the watch so would
+        # the job, for torch's 30 minutes.
+        script = os.path.join(self.tmp, "stuck.py")
+        with open(script, "w") as f:
+            f.write("import os, time\n"
+                    "import torch.distributed as dist\n"
+                    "if os.environ['GROUP_RANK'] == '1':\n"
+                    "    time.sleep(3600)\n"
+                    "dist.init_process_group('gloo')\n")
+        fast = {"BALLAST_STORE_CONNECT_TIMEOUT_S": "3"}
+        with Lan(3) as lan:
+            master = self.start_master(lan, "2")
+            time.sleep(0.5)
+            agents = [self.start_agent(lan, 1, 0, script=[script], env_extra=fast),
+                      self.start_agent(lan, 2, 1, script=[script], env_extra=fast)]
+            rcs = self.wait_all([*agents, master], timeout=120)
+        self.assertEqual(rcs, [1, 1, 1], self.logs())
+        self.assertRegex(self.log("master.log"),
+                         r"the process group did not form: no rank of group rank 1 \(node host2-\d+-[0-9a-f]+, "
+                         rf"host {re.escape(lan.addr(2))}, ranks 2-3\) reached the torch store at MASTER_ADDR "
+                         rf"{re.escape(lan.addr(1))}:\d+ within 3 s")
+        self.assertIn("store-timeout failures are retried at most 1 time(s)", self.log("master.log"))
 
 
 if __name__ == "__main__":
