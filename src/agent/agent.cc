@@ -200,6 +200,20 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   spec.console_stdout_fd = options_.console_stdout_fd;
   spec.console_stderr_fd = options_.console_stderr_fd;
   spec.stderr_tail_lines = options_.tunables.stderr_tail_lines;
+  if (options_.run.warm_restart && !options_.run.no_python) {
+    WarmOptions wo;
+    wo.python = options_.run.python;
+    wo.modules = {"torch"};
+    for (const std::string& m : options_.run.warm_modules) {
+      if (m != "torch") wo.modules.push_back(m);
+    }
+    warm_ = std::make_unique<WarmPool>(std::move(wo));
+    spec.warm = warm_.get();
+    spec.script_argv = {options_.run.training_script};
+    spec.script_argv.insert(spec.script_argv.end(), options_.run.training_args.begin(),
+                            options_.run.training_args.end());
+    spec.module = options_.run.module;
+  }
   workers_ = std::make_unique<WorkerGroup>(std::move(spec));
 
   MasterClientOptions copts;
@@ -372,8 +386,10 @@ int Agent::Run() {
                options_.endpoint, joined->spec().min_nodes(), joined->spec().max_nodes(),
                joined->spec().max_restarts(), options_.node_id);
   StartCheckpointStores(joined->job_id());
-  // The check servers import torch while the rendezvous completes.
+  // The check servers and the warm interpreters import torch while the
+  // rendezvous completes.
   if (options_.run.precheck) precheck_->Warm();
+  PrepareWarm();
 
   client_->StartWatch(
       options_.node_id, [this](const v1::Decision& d) { Post(d); },
@@ -581,8 +597,10 @@ void Agent::StartRound(const v1::StartRound& start) {
     spdlog::debug("ignoring StartRound {}: already at round {} node={}", start.round(), round_, options_.node_id);
     return;
   }
+  timeline_.decision_ns = MonotonicNowNs();
   // Older workers go first: a new round never overlaps the old one.
   StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_));
+  timeline_.stopped_ns = MonotonicNowNs();
   round_ = start.round();
   round_start_ = start;
   if (ckpt_ != nullptr) ckpt_->set_round(round_);
@@ -651,16 +669,19 @@ void Agent::StartRound(const v1::StartRound& start) {
     return;
   }
   running_round_ = true;
+  timeline_.started_ns = MonotonicNowNs();
+  timeline_.pending = true;
+  warm_due_ns_ = warm_ != nullptr ? timeline_.started_ns + 10'000'000'000ull : 0;
   store_watch_ = StoreWatch{};
   if (start.rank_offset() == 0 && start.world_size() > 1) {
     store_watch_.port = rs.master_port;
     store_watch_.timeout_s = options_.tunables.store_connect_timeout_s;
   }
   PublishState();
-  spdlog::info("round {}: node {} of {}, ranks {}-{} of {}, restart {}/{}, MASTER_ADDR={}:{} {}", round_,
+  spdlog::info("round {}: node {} of {}, ranks {}-{} of {}, restart {}/{}, MASTER_ADDR={}:{}, {} start {}", round_,
                start.group_rank(), start.group_world_size(), start.rank_offset(), start.rank_offset() + nproc - 1,
                start.world_size(), start.restart_count(), start.max_restarts(), rs.master_addr, rs.master_port,
-               Fmt());
+               workers_->start_summary(), Fmt());
 }
 
 void Agent::ReportFailure(const v1::FailureReport& report) {
@@ -699,6 +720,7 @@ std::optional<int> Agent::PollWorkers() {
       // the tail is only repeated at debug level.
       spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}", e.status.Describe(), e.pid,
                     options_.node_id, e.global_rank, e.local_rank, e.round);
+      if (timeline_.failure_ns == 0) timeline_.failure_ns = MonotonicNowNs();
       if (!e.stderr_tail.empty()) spdlog::debug("last stderr lines of rank {}:\n{}", e.global_rank, e.stderr_tail);
       // One report per round: the master restarts the whole round on the first
       // failure, and the others are usually its consequence.
@@ -739,8 +761,74 @@ std::optional<int> Agent::PollWorkers() {
     CheckHangs();
     WatchStore();
     MaybeReportProgress();
+    TrackTimeline();
+  }
+  if (warm_ != nullptr) {
+    warm_->Poll();
+    if (warm_->disabled() && !warm_disabled_logged_) {
+      warm_disabled_logged_ = true;
+      spdlog::warn("warm restart off for this node: {}; workers start cold {}", warm_->disabled_reason(), Fmt());
+    }
+    if (warm_due_ns_ != 0 && MonotonicNowNs() >= warm_due_ns_) {
+      warm_due_ns_ = 0;
+      PrepareWarm();
+    }
+    if (!warm_ready_logged_ && !warm_->disabled()) {
+      bool all = true;
+      for (int lr = 0; lr < options_.run.nproc_per_node; ++lr) all = all && warm_->ready(lr);
+      if (all) {
+        warm_ready_logged_ = true;
+        spdlog::info("warm interpreters ready for the next (re)start ({} local ranks) {}", options_.run.nproc_per_node,
+                     Fmt());
+      }
+    }
   }
   return std::nullopt;
+}
+
+void Agent::PrepareWarm() {
+  if (warm_ == nullptr || warm_->disabled()) return;
+  warm_ready_logged_ = false;
+  for (int lr = 0; lr < options_.run.nproc_per_node; ++lr) {
+    if (absl::Status s = warm_->Prepare(lr, workers_->EnvironmentFor(lr)); !s.ok()) {
+      spdlog::warn("cannot start a warm interpreter for local rank {}: {} {}", lr, std::string(s.message()), Fmt());
+      return;
+    }
+  }
+}
+
+void Agent::TrackTimeline() {
+  if (!timeline_.pending) return;
+  workers_->ReadControl();
+  const std::vector<WorkerInfo> workers = workers_->Workers();
+  double pg_up_s = -1;
+  bool all_stepped = !workers.empty() && progress_ != nullptr;
+  for (const WorkerInfo& w : workers) {
+    if (w.state != "running") continue;
+    pg_up_s = std::max(pg_up_s, w.pg_up_s);
+    if (progress_ == nullptr || w.local_rank >= progress_->num_cells() ||
+        progress_->Read(w.local_rank).timestamp_ns <= timeline_.started_ns) {
+      all_stepped = false;
+    }
+  }
+  if (!all_stepped) return;
+  const uint64_t first_step_ns = MonotonicNowNs();
+  timeline_.pending = false;
+  // Warm interpreters for the next restart may start now.
+  if (warm_due_ns_ != 0) warm_due_ns_ = first_step_ns;
+  const bool recovery = timeline_.failure_ns != 0 || round_start_.restart_count() > 0 || round_ > 1;
+  const uint64_t t0 = timeline_.failure_ns != 0 ? timeline_.failure_ns : timeline_.decision_ns;
+  auto ms = [&](uint64_t t) { return absl::StrCat("+", static_cast<int64_t>((static_cast<double>(t) - t0) / 1e6), " ms"); };
+  std::string line;
+  if (timeline_.failure_ns != 0) absl::StrAppend(&line, "worker failure seen 0 ms, ");
+  absl::StrAppend(&line, "round decision ", timeline_.failure_ns != 0 ? ms(timeline_.decision_ns) : "0 ms",
+                  ", old workers stopped ", ms(timeline_.stopped_ns), ", new workers started ",
+                  ms(timeline_.started_ns));
+  if (pg_up_s > 0) absl::StrAppend(&line, ", process group up ", ms(static_cast<uint64_t>(pg_up_s * 1e9)));
+  absl::StrAppend(&line, ", first step ", ms(first_step_ns));
+  spdlog::info("{} timeline (round {}, {} start): {} {}", recovery ? "recovery" : "start", round_,
+               workers_->start_summary(), line, Fmt());
+  timeline_.failure_ns = 0;
 }
 
 void Agent::CheckHangs() {
@@ -813,6 +901,7 @@ void Agent::CheckHangs() {
                 w.global_rank, w.local_rank, round_,
                 blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "");
   kill(-w.pid, SIGKILL);
+  if (timeline_.failure_ns == 0) timeline_.failure_ns = MonotonicNowNs();
   // Reported now, with the hang as its cause; the reaped SIGKILL (and the
   // other workers' failures that follow it) are then consequences.
   round_failed_reported_ = true;

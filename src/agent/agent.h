@@ -180,10 +180,18 @@ class Agent {
   void CheckHangs();
   // Every progress_report_interval_s: the node's min step and step time.
   void MaybeReportProgress();
+  // Starts a warm interpreter per local rank for the next (re)start.
+  void PrepareWarm();
+  // The recovery timeline: logs, once the round's workers all stepped, when
+  // each stage of the (re)start happened (see Timeline).
+  void TrackTimeline();
   std::string Fmt() const;  // "node=<id> round=<n>" log keys
 
   AgentOptions options_;
   std::unique_ptr<MasterClient> client_;
+  // Warm interpreters (warm_pool.h); null with --no-warm-restart or
+  // --no-python. Declared before workers_, which points to it.
+  std::unique_ptr<WarmPool> warm_;
   std::unique_ptr<WorkerGroup> workers_;
   // Null when flash checkpoint is off or /dev/shm is unusable. Declared after
   // client_ so it is destroyed first (its thread reports through client_).
@@ -205,6 +213,21 @@ class Agent {
   StoreWatch store_watch_;
   uint64_t next_store_check_ns_ = 0;
   v1::StartRound round_start_;  // the StartRound of round_
+  // When the warm interpreters for the next restart are started: once the
+  // round's workers stepped (or 10 s after they started), so their imports do
+  // not compete with this start. 0 = done for this round.
+  uint64_t warm_due_ns_ = 0;
+  bool warm_disabled_logged_ = false;
+  bool warm_ready_logged_ = true;  // false from PrepareWarm until all say ready
+  // One (re)start's stages, CLOCK_MONOTONIC ns (0 = not seen).
+  struct Timeline {
+    uint64_t failure_ns = 0;   // this node saw a worker fail
+    uint64_t decision_ns = 0;  // the StartRound arrived
+    uint64_t stopped_ns = 0;   // the old workers were stopped
+    uint64_t started_ns = 0;   // the new workers were started (exec'd or handed to warm interpreters)
+    bool pending = false;      // waiting for the first step
+  };
+  Timeline timeline_;
 
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none

@@ -1,5 +1,7 @@
 #include "agent/run_options.h"
 
+#include <regex>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -227,6 +229,22 @@ const std::map<std::string, FlagDef>& FlagTable() {
           return absl::OkStatus();
         }}},
       {"--role", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->role = v; return absl::OkStatus(); }}},
+      {"--no-warm-restart",
+       {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->warm_restart = false; return absl::OkStatus(); }}},
+      {"--warm-modules",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          o->warm_modules.clear();
+          for (absl::string_view m : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+            std::string name(m);
+            static const std::regex kModule(R"([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)");
+            if (!std::regex_match(name, kModule)) {
+              return FlagError(f, absl::StrCat("'", name, "' is not a Python module name (e.g. numpy,transformers)"));
+            }
+            o->warm_modules.push_back(name);
+          }
+          return absl::OkStatus();
+        }}},
       {"--network-check", {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->precheck = true; return absl::OkStatus(); }}},
       {"--precheck",
        {Arity::kValue,
@@ -400,6 +418,10 @@ Workers:
   --no-python               run SCRIPT as a program, without python
   --run-path                run SCRIPT with python (same as the default)
   --python INTERPRETER      python for the workers [python3]
+  --no-warm-restart         start every worker in a new interpreter; by default a
+                            warm one per local rank (torch already imported) waits
+                            for the next (re)start
+  --warm-modules M,...      modules warm interpreters import besides torch
   --monitor-interval S      how often workers are checked [0.05]
   --hang-timeout S          a worker whose `ballast.step()` progress stops for S seconds
                             is hung: its Python stacks are logged and the workers

@@ -41,6 +41,8 @@ struct RunOptions {
   int node_unit = 0;                   // --node-unit; 0 = the master's
   std::string token;                   // --token or BALLAST_TOKEN
   std::string python = "python3";      // --python INTERPRETER
+  bool warm_restart = true;            // --no-warm-restart turns it off (see warm_pool.h)
+  std::vector<std::string> warm_modules;  // --warm-modules a,b: imported by warm interpreters besides torch
   std::string training_script;         // script, module, or program
   std::vector<std::string> training_args;
   // Tunable overrides from --rdzv-conf (negative: not given).

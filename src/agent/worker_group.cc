@@ -109,6 +109,26 @@ std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, con
 
 WorkerGroup::WorkerGroup(WorkerSpec spec) : spec_(std::move(spec)) {}
 
+std::map<std::string, std::string> WorkerGroup::EnvironmentFor(int lr) const {
+  RoundSpec any;
+  any.local_world_size = std::max(1, lr + 1);
+  return WorkerEnvironment(spec_, any, lr);
+}
+
+void WorkerGroup::ReadControl() {
+  for (Worker& w : workers_) {
+    if (!w.warm || w.process.control_fd() < 0) continue;
+    bool closed = false;
+    for (const std::string& line : ReadControlLines(w.process.control_fd(), &w.control_buffer, &closed)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      if (f.size() == 3 && f[0] == "pg") {
+        (void)absl::SimpleAtod(f[1], &w.pg_call_s);
+        (void)absl::SimpleAtod(f[2], &w.pg_up_s);
+      }
+    }
+  }
+}
+
 WorkerGroup::~WorkerGroup() { Stop(0); }
 
 absl::Status WorkerGroup::Start(const RoundSpec& round) {
@@ -136,6 +156,10 @@ absl::Status WorkerGroup::Start(const RoundSpec& round) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
 
   workers_.reserve(round.local_world_size);
+  // A cold worker inherits the agent's cwd; a warm one is told it.
+  std::string cwd = std::filesystem::current_path().string();
+  std::vector<std::string> cold_why;
+  int warm_count = 0;
   for (int lr = 0; lr < round.local_world_size; ++lr) {
     int redirect = StdBits(spec_.redirects, lr);
     int tee = StdBits(spec_.tee, lr);
@@ -166,19 +190,37 @@ absl::Status WorkerGroup::Start(const RoundSpec& round) {
     auto err = out.ok() ? make_stream(true) : out;
     absl::Status st = err.ok() ? absl::OkStatus() : err.status();
     std::optional<Subprocess> proc;
+    bool warm = false;
     if (st.ok()) {
-      SpawnOptions so;
-      so.argv = spec_.argv;
-      so.env = WorkerEnvironment(spec_, round, lr);
-      so.new_process_group = true;
-      so.die_with_parent = true;
-      so.pipe_stdout = true;
-      so.pipe_stderr = true;
-      auto spawned = Subprocess::Spawn(so);
-      if (spawned.ok()) {
-        proc = std::move(*spawned);
-      } else {
-        st = spawned.status();
+      std::map<std::string, std::string> env = WorkerEnvironment(spec_, round, lr);
+      if (spec_.warm != nullptr) {
+        std::string why;
+        std::optional<WarmProcess> taken = spec_.warm->Take(lr, env, &why);
+        if (taken.has_value()) {
+          absl::Status handed = WarmPool::Hand(&*taken, env, cwd, spec_.script_argv, spec_.module);
+          if (handed.ok()) {
+            proc = std::move(taken->process);
+            warm = true;
+          } else {
+            why = std::string(handed.message());
+          }
+        }
+        if (!warm) cold_why.push_back(absl::StrCat("local rank ", lr, ": ", why));
+      }
+      if (!proc.has_value()) {
+        SpawnOptions so;
+        so.argv = spec_.argv;
+        so.env = std::move(env);
+        so.new_process_group = true;
+        so.die_with_parent = true;
+        so.pipe_stdout = true;
+        so.pipe_stderr = true;
+        auto spawned = Subprocess::Spawn(so);
+        if (spawned.ok()) {
+          proc = std::move(*spawned);
+        } else {
+          st = spawned.status();
+        }
       }
     }
     if (!st.ok()) {
@@ -195,8 +237,20 @@ absl::Status WorkerGroup::Start(const RoundSpec& round) {
     w.out->fd = proc->stdout_fd();
     w.err->fd = proc->stderr_fd();
     w.pid = proc->pid();
+    w.warm = warm;
     w.process = std::move(*proc);
     workers_.push_back(std::move(w));
+    warm_count += warm ? 1 : 0;
+  }
+  const int n = round.local_world_size;
+  if (spec_.warm == nullptr) {
+    start_summary_ = "cold";
+  } else if (warm_count == n) {
+    start_summary_ = absl::StrCat("warm (", n, " of ", n, ")");
+  } else {
+    start_summary_ = absl::StrCat(warm_count == 0 ? "cold" : absl::StrCat(warm_count, " warm, ", n - warm_count,
+                                                                            " cold"),
+                                  " (", absl::StrJoin(cold_why, "; "), ")");
   }
   reader_stop_ = false;
   reader_ = std::thread([this] { ReaderLoop(); });
@@ -422,7 +476,7 @@ std::vector<WorkerInfo> WorkerGroup::Workers() const {
   std::vector<WorkerInfo> out;
   const auto& list = workers_.empty() ? final_states_ : workers_;
   for (const auto& w : list)
-    out.push_back({w.local_rank, w.global_rank, w.pid, w.state});
+    out.push_back({w.local_rank, w.global_rank, w.pid, w.state, w.warm, w.pg_call_s, w.pg_up_s});
   return out;
 }
 

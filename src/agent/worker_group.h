@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "agent/warm_pool.h"
 #include "common/subprocess.h"
 
 namespace ballast::agent {
@@ -56,6 +57,12 @@ struct WorkerSpec {
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
   int stderr_tail_lines = 20;
+  // Warm starts (warm_pool.h): each worker is first offered to this pool (not
+  // owned; null: always cold), which runs script_argv (the script, or with
+  // module the module, and its arguments).
+  WarmPool* warm = nullptr;
+  std::vector<std::string> script_argv;
+  bool module = false;
 };
 
 // The round the workers are started into (from the master's StartRound).
@@ -89,6 +96,11 @@ struct WorkerInfo {
   int global_rank = 0;
   pid_t pid = -1;
   std::string state;  // "running", "succeeded", "failed", "stopped"
+  bool warm = false;  // started in a warm interpreter
+  // From a warm worker's bootstrap (CLOCK_MONOTONIC seconds, -1 unknown):
+  // init_process_group called and returned.
+  double pg_call_s = -1;
+  double pg_up_s = -1;
 };
 
 // The environment of one worker: base_env plus the torchrun variables.
@@ -124,6 +136,15 @@ class WorkerGroup {
     spec_.local_rank_env = std::move(env);
   }
 
+  // How the current round's workers started: "warm (2 of 2)", or
+  // "cold (local rank 0: why; ...)" / "1 warm, 1 cold (...)".
+  const std::string& start_summary() const { return start_summary_; }
+  // Reads what warm workers' bootstraps report (init_process_group times).
+  void ReadControl();
+  // A worker environment of local rank lr for no particular round (what a
+  // warm interpreter starts with; the round's variables come with its job).
+  std::map<std::string, std::string> EnvironmentFor(int lr) const;
+
   // True while any worker of the current round has not been reaped.
   bool AnyRunning() const;
   bool started() const { return !workers_.empty(); }
@@ -150,6 +171,9 @@ class WorkerGroup {
     bool reported = false;
     Stream* out = nullptr;  // owned by streams_
     Stream* err = nullptr;
+    bool warm = false;
+    std::string control_buffer;
+    double pg_call_s = -1, pg_up_s = -1;
   };
 
   void ReaderLoop();
@@ -164,6 +188,7 @@ class WorkerGroup {
   std::vector<Worker> workers_;
   std::vector<Worker> final_states_;  // after Stop: the last states, for Workers()
   bool all_succeeded_reported_ = false;
+  std::string start_summary_;
 
   mutable std::mutex mu_;  // guards the Stream state shared with the reader thread
   std::condition_variable eof_cv_;

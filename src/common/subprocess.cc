@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,12 +91,15 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
   int out_pipe[2] = {-1, -1};
   int err_pipe[2] = {-1, -1};
   int exec_err[2] = {-1, -1};  // reports exec failure back to the parent (CLOEXEC)
+  int control[2] = {-1, -1};   // [0] parent, [1] child (becomes kControlFd)
   auto close_all = [&] {
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_err[0], exec_err[1]})
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_err[0], exec_err[1], control[0],
+                   control[1]})
       if (fd >= 0) close(fd);
   };
   if ((options.pipe_stdout && pipe2(out_pipe, O_CLOEXEC) != 0) ||
-      (options.pipe_stderr && pipe2(err_pipe, O_CLOEXEC) != 0) || pipe2(exec_err, O_CLOEXEC) != 0) {
+      (options.pipe_stderr && pipe2(err_pipe, O_CLOEXEC) != 0) || pipe2(exec_err, O_CLOEXEC) != 0 ||
+      (options.control_socket && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control) != 0)) {
     close_all();
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
@@ -139,6 +143,14 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
       int fd = open(options.stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) { dup2(fd, STDERR_FILENO); close(fd); }
     }
+    if (options.control_socket) {
+      // dup2 clears close-on-exec on the copy; when the fd already is 3, clear it by hand.
+      if (control[1] == kControlFd) {
+        fcntl(kControlFd, F_SETFD, 0);
+      } else {
+        dup2(control[1], kControlFd);
+      }
+    }
     if (!options.cwd.empty() && chdir(options.cwd.c_str()) != 0) {
       int e = errno;
       (void)!write(exec_err[1], &e, sizeof(e));
@@ -156,6 +168,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
   exec_err[1] = -1;
   if (out_pipe[1] >= 0) { close(out_pipe[1]); out_pipe[1] = -1; }
   if (err_pipe[1] >= 0) { close(err_pipe[1]); err_pipe[1] = -1; }
+  if (control[1] >= 0) { close(control[1]); control[1] = -1; }
   int child_errno = 0;
   ssize_t n;
   do {
@@ -168,6 +181,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
     waitpid(pid, &ws, 0);
     if (out_pipe[0] >= 0) close(out_pipe[0]);
     if (err_pipe[0] >= 0) close(err_pipe[0]);
+    if (control[0] >= 0) close(control[0]);
     return absl::NotFoundError(absl::StrCat("cannot start '", options.argv[0], "': ",
                                             std::strerror(child_errno),
                                             " (check the program name and PATH)"));
@@ -177,6 +191,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
   p.own_group_ = options.new_process_group;
   p.stdout_fd_ = out_pipe[0];
   p.stderr_fd_ = err_pipe[0];
+  p.control_fd_ = control[0];
   return p;
 }
 
@@ -190,9 +205,10 @@ Subprocess& Subprocess::operator=(Subprocess&& o) noexcept {
     own_group_ = o.own_group_;
     stdout_fd_ = o.stdout_fd_;
     stderr_fd_ = o.stderr_fd_;
+    control_fd_ = o.control_fd_;
     status_ = o.status_;
     o.pid_ = -1;
-    o.stdout_fd_ = o.stderr_fd_ = -1;
+    o.stdout_fd_ = o.stderr_fd_ = o.control_fd_ = -1;
     o.status_.reset();
   }
   return *this;
@@ -206,7 +222,8 @@ Subprocess::~Subprocess() {
 void Subprocess::ClosePipes() {
   if (stdout_fd_ >= 0) close(stdout_fd_);
   if (stderr_fd_ >= 0) close(stderr_fd_);
-  stdout_fd_ = stderr_fd_ = -1;
+  if (control_fd_ >= 0) close(control_fd_);
+  stdout_fd_ = stderr_fd_ = control_fd_ = -1;
 }
 
 pid_t Subprocess::Release() {

@@ -31,7 +31,13 @@ struct SpawnOptions {
   bool stderr_to_stdout = false;                 // dup2(stdout, stderr) after setup
   std::string stdout_file;                       // if set (and no pipe): append to this file
   std::string stderr_file;
+  // A socketpair to talk to the child: the child gets its end as fd 3
+  // (kControlFd), the parent keeps the other (control_fd()).
+  bool control_socket = false;
 };
+
+// The child's end of SpawnOptions::control_socket.
+inline constexpr int kControlFd = 3;
 
 struct ExitStatus {
   int exit_code = 0;  // valid when signal == 0
@@ -59,6 +65,7 @@ class Subprocess {
   pid_t pid() const { return pid_; }
   int stdout_fd() const { return stdout_fd_; }  // -1 unless piped; owned by this object
   int stderr_fd() const { return stderr_fd_; }
+  int control_fd() const { return control_fd_; }  // -1 unless control_socket; owned
   bool running() const { return pid_ > 0 && !status_.has_value(); }
   const std::optional<ExitStatus>& status() const { return status_; }
 
@@ -80,6 +87,7 @@ class Subprocess {
   bool own_group_ = false;
   int stdout_fd_ = -1;
   int stderr_fd_ = -1;
+  int control_fd_ = -1;
   std::optional<ExitStatus> status_;
 };
 

@@ -24,13 +24,6 @@ bool Finished(const Json& job) {
   return phase == "Succeeded" || phase == "Failed";
 }
 
-int Generation(const Json& pod) {
-  std::string name = kube::Str(pod, {"metadata", "name"});
-  size_t dash = name.rfind('-');
-  int g = 0;
-  if (dash == std::string::npos || !absl::SimpleAtoi(name.substr(dash + 1), &g)) return 0;
-  return g;
-}
 
 // How a master pod ended, for messages.
 std::string HowEnded(const Json& pod) {
@@ -182,15 +175,6 @@ void Operator::Reconcile(const std::string& key) {
     }
     return;
   }
-  // This job's master pods, newest generation first.
-  std::vector<Json> masters;
-  for (const Json& pod : masters_->List()) {
-    if (kube::Str(pod, {"metadata", "namespace"}) == ns &&
-        kube::Str(pod, {"metadata", "labels", k8s::kJobLabel}) == name) {
-      masters.push_back(pod);
-    }
-  }
-  std::sort(masters.begin(), masters.end(), [](const Json& a, const Json& b) { return Generation(a) > Generation(b); });
   auto delete_pods = [&](const std::string& selector, const std::string& why) {
     auto list = client_->Get(absl::StrCat(kube::CollectionPath("v1", "pods", ns), "?labelSelector=",
                                           kube::UrlEncode(selector)),
@@ -210,10 +194,12 @@ void Operator::Reconcile(const std::string& key) {
                .ok()) {
         return;
       }
-      delete_pods(spec->MasterSelector(), "the job is suspended");
-      delete_pods(spec->WorkerSelector(), "the job is suspended");
       Event(job, "Suspended", "the job is suspended: its master and worker pods are deleted", false);
     }
+    // Every time, not once: a master that was still replacing pods when it
+    // was told to stop may have created one more.
+    delete_pods(spec->MasterSelector(), "the job is suspended");
+    delete_pods(spec->WorkerSelector(), "the job is suspended");
     return;
   }
   for (auto [api, plural, object] :
@@ -226,68 +212,90 @@ void Operator::Reconcile(const std::string& key) {
       return;  // retried at the next resync
     }
   }
-  int restarts = static_cast<int>(kube::Int(job, {"status", "masterRestarts"}));
-  if (!masters.empty()) {
-    const Json& current = masters.front();
-    const std::string mphase = kube::Str(current, {"status", "phase"});
-    const bool deleting = kube::Find(current, {"metadata", "deletionTimestamp"}) != nullptr;
-    if (!deleting && mphase != "Succeeded" && mphase != "Failed") return;  // running (or starting)
-    const std::string how = HowEnded(current);
-    // A master that exited by itself decided the job: 0 succeeded, 1 failed,
-    // 2 invalid job (it writes the final status before it exits; this covers a
-    // status write that did not get through). Only a master that was killed
-    // (a signal, the OOM killer), evicted or deleted is replaced.
-    const int64_t code = MasterExitCode(current);
-    if (!deleting && (code == 0 || code == 1 || code == 2)) {
-      const std::string msg =
-          code == 0 ? "job succeeded (its master exited 0)"
-                    : absl::StrCat("job failed: its master exited ", code, " (", how, "); see the master pod's log");
-      if (PatchStatus(job, {{"phase", code == 0 ? "Succeeded" : "Failed"},
-                            {"message", msg},
-                            {"completionTime", k8s::Rfc3339Now()}})
-              .ok()) {
-        Event(job, code == 0 ? "Succeeded" : "Failed", msg, code != 0);
-      }
+  // The master pod is <job>-master-<status.masterGeneration>, read from the
+  // API server, not the cache: a cache that has not seen the newest master
+  // yet must not make a second one. Every decision below is written to the
+  // status (resourceVersion-conditional) before it is carried out, so one
+  // made from a stale view of the job is refused and retried, never doubled.
+  const int restarts = static_cast<int>(kube::Int(job, {"status", "masterRestarts"}));
+  const int generation = static_cast<int>(kube::Int(job, {"status", "masterGeneration"}));
+  int next_generation = generation + 1;
+  if (generation == 0) {
+    if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "starting the master"}, {"masterRestarts", 0},
+                           {"masterGeneration", next_generation}})
+             .ok()) {
       return;
     }
-    // The master ended, but the job did not finish: it crashed, was evicted or deleted.
-    if (restarts >= options_.max_master_restarts) {
+  } else {
+    const std::string current_name = absl::StrCat(spec->MasterName(), "-", generation);
+    auto current = client_->Get(kube::ObjectPath("v1", "pods", ns, current_name),
+                                absl::StrCat("get pod ", ns, "/", current_name));
+    if (!current.ok() && !absl::IsNotFound(current.status())) {
+      spdlog::warn("operator: {}", std::string(current.status().message()));
+      return;  // retried at the next resync
+    }
+    std::string how = "its pod is gone";
+    bool deleting = true;
+    if (current.ok()) {
+      const std::string mphase = kube::Str(*current, {"status", "phase"});
+      deleting = kube::Find(*current, {"metadata", "deletionTimestamp"}) != nullptr;
+      if (!deleting && mphase != "Succeeded" && mphase != "Failed") return;  // running (or starting)
+      how = HowEnded(*current);
+      // A master that exited by itself decided the job: 0 succeeded, 1
+      // failed, 2 invalid job (it writes the final status before it exits;
+      // this covers a status write that did not get through). Only a master
+      // that was killed (a signal, the OOM killer), evicted or deleted is
+      // replaced.
+      const int64_t code = MasterExitCode(*current);
+      if (!deleting && (code == 0 || code == 1 || code == 2)) {
+        const std::string msg = code == 0 ? "job succeeded (its master exited 0)"
+                                          : absl::StrCat("job failed: its master exited ", code, " (", how,
+                                                         "); see the master pod's log");
+        if (PatchStatus(job, {{"phase", code == 0 ? "Succeeded" : "Failed"},
+                              {"message", msg},
+                              {"completionTime", k8s::Rfc3339Now()}})
+                .ok()) {
+          Event(job, code == 0 ? "Succeeded" : "Failed", msg, code != 0);
+        }
+        return;
+      }
+    }
+    if (phase == "Suspended") {
+      // Resuming: its master was deleted for the suspension, not lost.
+      if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "resuming: starting a new master"},
+                             {"masterGeneration", next_generation}})
+               .ok()) {
+        return;
+      }
+      Event(job, "Resumed", "spec.suspend is false: starting a new master (the job resumes from its checkpoints)",
+            false);
+    } else if (restarts >= options_.max_master_restarts) {
+      // The master ended, but the job did not finish: it crashed, was evicted or deleted.
       const std::string msg = absl::StrCat("job failed: its master pod ended ", restarts + 1, " times (last: ",
-                                           kube::Str(current, {"metadata", "name"}), " ", how, ")");
+                                           current_name, " ", how, ")");
       if (!PatchStatus(job, {{"phase", "Failed"}, {"message", msg}, {"completionTime", k8s::Rfc3339Now()}}).ok()) {
         return;
       }
       Event(job, "Failed", msg, true);
       delete_pods(spec->WorkerSelector(), "the job failed");
       return;
+    } else {
+      if (!PatchStatus(job, {{"masterRestarts", restarts + 1}, {"masterGeneration", next_generation}}).ok()) return;
+      Event(job, "MasterRestarted",
+            absl::StrCat("master pod ", current_name, " ended (", how, ") before the job finished; starting master ",
+                         next_generation, " (", restarts + 1, "/", options_.max_master_restarts,
+                         " master restarts)"),
+            true);
     }
-    // Counted before the new master starts, conditional on the state seen:
-    // a decision made from a stale cache is retried, never doubled.
-    if (!PatchStatus(job, {{"masterRestarts", restarts + 1}}).ok()) return;
-    ++restarts;
-    Event(job, "MasterRestarted",
-          absl::StrCat("master pod ", kube::Str(current, {"metadata", "name"}), " ended (", how,
-                       ") before the job finished; starting master ", restarts + 1, " (", restarts, "/",
-                       options_.max_master_restarts, " master restarts)"),
-          true);
-    if (!deleting) {
-      // It ended: its pod object only holds the name's generation and logs.
-      const std::string old = kube::Str(current, {"metadata", "name"});
-      auto r = client_->Delete(kube::ObjectPath("v1", "pods", ns, old), Json{{"gracePeriodSeconds", 0}},
-                               absl::StrCat("delete pod ", ns, "/", old));
+    if (current.ok() && !deleting) {
+      // It ended: its pod object only holds its logs.
+      auto r = client_->Delete(kube::ObjectPath("v1", "pods", ns, current_name), Json{{"gracePeriodSeconds", 0}},
+                               absl::StrCat("delete pod ", ns, "/", current_name));
       if (!r.ok() && !absl::IsNotFound(r.status())) spdlog::warn("operator: {}", std::string(r.status().message()));
     }
-  } else if (phase.empty()) {
-    if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "starting the master"}, {"masterRestarts", 0}}).ok()) {
-      return;
-    }
-  } else if (phase == "Suspended") {
-    if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "resuming: starting a new master"}}).ok()) return;
-    Event(job, "Resumed", "spec.suspend is false: starting a new master (the job resumes from its checkpoints)",
-          false);
   }
   k8s::MasterPodParams mp;
-  mp.generation = (masters.empty() ? restarts : Generation(masters.front())) + 1;
+  mp.generation = next_generation;
   mp.image = !spec->master_image.empty() ? spec->master_image : options_.image;
   if (mp.image.empty()) {
     // The workers' image carries ballast too (it is built FROM the ballast image).

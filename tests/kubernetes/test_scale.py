@@ -45,7 +45,8 @@ class MassRelaunchTest(unittest.TestCase):
               f"at most {most_live} live worker pods meanwhile", flush=True)
         self.assertLess(elapsed, 60, j.debug())
         self.assertLessEqual(most_live, PODS, "never more live pods than MAX + spares")
-        self.assertEqual(j.status().get("replacements"), PODS)
+        # The status follows within moments.
+        self.k.wait(lambda: j.status().get("replacements") == PODS, 30, f"status.replacements = {PODS}")
 
 
 if __name__ == "__main__":

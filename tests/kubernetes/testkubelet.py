@@ -326,15 +326,6 @@ class IPPool:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
-
-
-def _child_setup(parent_pid):
-    def fn():
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the kubelet died before prctl
-            os.kill(os.getpid(), signal.SIGKILL)
-    return fn
 
 
 class Reaper:
@@ -659,9 +650,12 @@ class PodWorker(threading.Thread):
             with open(logpath, "ab") as lf:
                 lf.write(("==== testkubelet: %s start #%d: %s\n" % (now_ts(), c.restarts, shlex.join(argv))).encode())
                 lf.flush()
-                proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=lf,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_child_setup(os.getpid()), close_fds=True)
+                # setpriv sets PR_SET_PDEATHSIG and execs the command: no preexec_fn,
+                # whose Python code in a child forked from this many-threaded process
+                # can deadlock (and then Popen waits forever for the exec).
+                proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *argv], env=env, cwd=cwd,
+                                        stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True)
         except OSError as e:
             self.start_failed(c, "start %s: %s" % (argv[0], e))
             return

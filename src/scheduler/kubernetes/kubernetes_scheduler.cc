@@ -153,6 +153,16 @@ void KubernetesScheduler::Create(const std::string& name, kube::Json pod) {
     auto r = options_.client->Create(PodsPath(options_.job), pod, what);
     if (r.ok()) {
       spdlog::info("kubernetes: created pod {}/{}", options_.job.ns, name);
+      std::optional<double> then_delete;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        Pod& st = pods_[name];
+        st.created = true;
+        then_delete = st.delete_after_create;
+      }
+      // Released while its create was on the wire: delete it now, or it
+      // would outlive the release.
+      if (then_delete.has_value()) Delete(name, *then_delete, "released while it was being created");
       return;
     }
     last = r.status();
@@ -162,6 +172,7 @@ void KubernetesScheduler::Create(const std::string& name, kube::Json pod) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   Pod& st = pods_[name];
+  st.created = true;
   st.ended = true;
   st.deleted = true;
   if (absl::IsInvalidArgument(last) || absl::IsPermissionDenied(last)) {
@@ -179,6 +190,16 @@ void KubernetesScheduler::Create(const std::string& name, kube::Json pod) {
 }
 
 void KubernetesScheduler::Delete(const std::string& name, double grace_s, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeleteLocked(name, grace_s, why);
+}
+
+void KubernetesScheduler::DeleteLocked(const std::string& name, double grace_s, const std::string& why) {
+  auto it = pods_.find(name);
+  if (it != pods_.end() && !it->second.created) {
+    it->second.delete_after_create = grace_s;  // Create() deletes it when its call returns
+    return;
+  }
   Submit([this, name, grace_s, why] {
     kube::Json opts = {{"gracePeriodSeconds", static_cast<int64_t>(grace_s + 0.5)}, {"propagationPolicy", "Background"}};
     auto r = options_.client->Delete(PodPath(options_.job, name), opts,
@@ -224,7 +245,7 @@ void KubernetesScheduler::OnPod(const std::string& type, const kube::Json& pod) 
   const std::string reason = kube::Str(pod, {"status", "reason"});
   if (!st.succeeded) {
     // Never left in Error: the failure is in the master's report and events.
-    Delete(name, 0, "its pod failed");
+    DeleteLocked(name, 0, "its pod failed");
   }
   if (reason == "Evicted" || reason == "NodeLost" || reason == "Shutdown" || reason == "Terminated") {
     PushLocked(NodeEvent::Kind::kLost, name, absl::StrCat("its pod was ", reason, ": ", kube::Str(pod, {"status", "message"})));

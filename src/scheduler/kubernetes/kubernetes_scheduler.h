@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,12 +90,17 @@ class KubernetesScheduler : public SchedulerInterface {
     bool pending_reported = false;
     bool force_deleted = false;
     double force_delete_at = 0;
+    bool created = false;             // the create call returned (either way)
+    std::optional<double> delete_after_create;  // a delete asked for while it was being created (grace)
     std::string host;
   };
   void OnPod(const std::string& type, const kube::Json& pod);  // informer thread
   void Submit(std::function<void()> task);
   void Create(const std::string& name, kube::Json pod);
+  // Deletes the pod (with a grace period) from a pool thread; one still being
+  // created is deleted when its create returns. DeleteLocked: mu_ is held.
   void Delete(const std::string& name, double grace_s, const std::string& why);
+  void DeleteLocked(const std::string& name, double grace_s, const std::string& why);
   void PushLocked(NodeEvent::Kind kind, const std::string& name, const std::string& reason, ExitStatus status = {});
 
   const KubernetesSchedulerOptions options_;

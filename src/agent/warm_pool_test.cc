@@ -1,0 +1,233 @@
+// Warm interpreters with a real /usr/bin/python3 (no torch preload, so the
+// tests stay fast): what the script sees, when the pool falls back to a cold
+// start, and the worker group's use of it.
+#include "agent/warm_pool.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "agent/worker_group.h"
+#include "common/net.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace ballast::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+class WarmPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("warm_" + RandomHex(6));
+    fs::create_directories(dir_ / "pkg");
+    // Writes what a script sees of its start to <out>.
+    std::ofstream(dir_ / "probe.py") << R"(import json, os, sys
+import signal
+json.dump({"name": __name__, "file": __file__, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+           "x": os.environ.get("X"), "rank": os.environ.get("RANK"), "warm_fd": os.environ.get("BALLAST_WARM_FD"),
+           "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+           "has_bootstrap_names": "_ballast_warm" in globals()},
+          open(sys.argv[1], "w"))
+sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+)";
+    std::ofstream(dir_ / "pkg" / "__init__.py") << "";
+    std::ofstream(dir_ / "pkg" / "mod.py") << "import json, sys\n"
+                                                "json.dump({'name': __name__, 'argv': sys.argv, 'path0': sys.path[0]},"
+                                                " open(sys.argv[1], 'w'))\n";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::map<std::string, std::string> Env(const std::string& x) {
+    std::map<std::string, std::string> env = CurrentEnvironment();
+    env["X"] = x;
+    env["RANK"] = "0";
+    return env;
+  }
+  nlohmann::json ReadJson(const fs::path& p, double timeout_s = 20) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      if (fs::exists(p) && fs::file_size(p) > 0) {
+        std::ifstream in(p);
+        nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+        if (!j.is_discarded()) return j;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return nullptr;
+  }
+  WarmPool Pool(std::vector<std::string> modules = {"json"}) { return WarmPool(WarmOptions{kPython, modules}); }
+  // Polls until the interpreter of lr said ready, then takes it.
+  std::optional<WarmProcess> TakeWhenReady(WarmPool& pool, int lr, const std::map<std::string, std::string>& env,
+                                           std::string* why) {
+    for (int i = 0; i < 1000 && !pool.ready(lr) && !pool.disabled(); ++i) {
+      pool.Poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pool.Take(lr, env, why);
+  }
+  fs::path dir_;
+};
+
+TEST(WarmPoolEnv, RoundVariablesAreWhatChangesBetweenRounds) {
+  EXPECT_TRUE(IsRoundVariable("RANK"));
+  EXPECT_TRUE(IsRoundVariable("MASTER_PORT"));
+  EXPECT_TRUE(IsRoundVariable("TORCHELASTIC_RESTART_COUNT"));
+  EXPECT_FALSE(IsRoundVariable("OMP_NUM_THREADS"));
+  EXPECT_FALSE(IsRoundVariable("CUDA_VISIBLE_DEVICES"));
+  EXPECT_EQ(FirstDifference({{"A", "1"}, {"B", "2"}}, {{"A", "1"}, {"B", "3"}}), "B changed");
+  EXPECT_EQ(FirstDifference({{"A", "1"}}, {{"A", "1"}, {"NCCL_DEBUG", "INFO"}}), "NCCL_DEBUG is set now");
+  EXPECT_EQ(FirstDifference({{"A", "1"}}, {}), "A is unset now");
+  EXPECT_EQ(FirstDifference({{"A", "1"}}, {{"A", "1"}}), "");
+}
+
+TEST_F(WarmPoolTest, ScriptRunsAsMainWithTheJobsArgvEnvAndCwd) {
+  WarmPool pool = Pool();
+  ASSERT_TRUE(pool.Prepare(0, Env("warm")).ok());
+  std::string why;
+  std::optional<WarmProcess> w = TakeWhenReady(pool, 0, Env("warm"), &why);
+  ASSERT_TRUE(w.has_value()) << why;
+  EXPECT_GT(w->ready_at_s, 0);
+  std::map<std::string, std::string> env = Env("warm");
+  env["RANK"] = "5";  // a round variable: the job brings it
+  const std::string out = (dir_ / "out.json").string();
+  ASSERT_TRUE(WarmPool::Hand(&*w, env, dir_.string(), {"probe.py", out, "7"}, false).ok());
+  auto status = w->process.Wait(20);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->exit_code, 7);  // sys.exit passes through
+  nlohmann::json j = ReadJson(out);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["name"], "__main__");
+  EXPECT_EQ(j["argv"], nlohmann::json::array({"probe.py", out, "7"}));
+  EXPECT_EQ(j["cwd"], dir_.string());
+  EXPECT_EQ(j["path0"], fs::canonical(dir_).string());  // the script's directory, as for `python probe.py`
+  EXPECT_EQ(j["file"], "probe.py");
+  EXPECT_EQ(j["x"], "warm");
+  EXPECT_EQ(j["rank"], "5");
+  EXPECT_TRUE(j["warm_fd"].is_null());  // the bootstrap's own variables are gone
+  EXPECT_TRUE(j["sigint"].get<bool>());
+  EXPECT_FALSE(j["has_bootstrap_names"].get<bool>());
+}
+
+TEST_F(WarmPoolTest, ModuleRunsWithMinusMSemantics) {
+  WarmPool pool = Pool();
+  ASSERT_TRUE(pool.Prepare(0, Env("m")).ok());
+  std::string why;
+  std::optional<WarmProcess> w = TakeWhenReady(pool, 0, Env("m"), &why);
+  ASSERT_TRUE(w.has_value()) << why;
+  const std::string out = (dir_ / "mod.json").string();
+  ASSERT_TRUE(WarmPool::Hand(&*w, Env("m"), dir_.string(), {"pkg.mod", out}, true).ok());
+  ASSERT_TRUE(w->process.Wait(20).has_value());
+  nlohmann::json j = ReadJson(out);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["name"], "__main__");
+  EXPECT_EQ(j["argv"][0], (fs::canonical(dir_) / "pkg" / "mod.py").string());
+  EXPECT_EQ(j["argv"][1], out);
+  EXPECT_EQ(j["path0"], dir_.string());  // python -m puts the cwd first
+}
+
+TEST_F(WarmPoolTest, ChangedEnvironmentFallsBackToColdNamingTheVariable) {
+  WarmPool pool = Pool();
+  ASSERT_TRUE(pool.Prepare(0, Env("a")).ok());
+  std::map<std::string, std::string> changed = Env("a");
+  changed["OMP_NUM_THREADS"] = "7";
+  std::string why;
+  EXPECT_FALSE(pool.Take(0, changed, &why).has_value());
+  EXPECT_THAT(why, HasSubstr("OMP_NUM_THREADS"));
+  EXPECT_FALSE(pool.disabled());  // only this start is cold
+  std::string why2;
+  EXPECT_FALSE(pool.Take(0, Env("a"), &why2).has_value());  // the stale interpreter is gone
+  EXPECT_THAT(why2, HasSubstr("no warm interpreter"));
+}
+
+TEST_F(WarmPoolTest, FailedPreloadTurnsWarmStartsOffSayingWhy) {
+  WarmPool pool = Pool({"json", "no_such_module_for_ballast"});
+  ASSERT_TRUE(pool.Prepare(0, Env("f")).ok());
+  for (int i = 0; i < 500 && !pool.disabled(); ++i) {
+    pool.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(pool.disabled());
+  EXPECT_THAT(pool.disabled_reason(), HasSubstr("could not import no_such_module_for_ballast"));
+  EXPECT_THAT(pool.disabled_reason(), HasSubstr("ModuleNotFoundError"));
+  std::string why;
+  EXPECT_FALSE(pool.Take(0, Env("f"), &why).has_value());
+  EXPECT_TRUE(pool.Prepare(0, Env("f")).ok());  // a no-op now
+}
+
+TEST_F(WarmPoolTest, WorkerGroupStartsWarmAndForwardsOutput) {
+  WarmPool pool = Pool();
+  const std::string console_path = (dir_ / "console.txt").string();
+  int console = open(console_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::ofstream(dir_ / "hello.py") << "import os, sys\nprint('hello from rank', os.environ['RANK'])\n"
+                                      "sys.exit(0)\n";
+  WorkerSpec spec;
+  spec.argv = {kPython, "-u", (dir_ / "hello.py").string()};
+  spec.base_env = CurrentEnvironment();
+  spec.console_stdout_fd = console;
+  spec.console_stderr_fd = console;
+  spec.warm = &pool;
+  spec.script_argv = {(dir_ / "hello.py").string()};
+  WorkerGroup group(spec);
+  ASSERT_TRUE(pool.Prepare(0, group.EnvironmentFor(0)).ok());
+  for (int i = 0; i < 1000 && !pool.ready(0); ++i) {
+    pool.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(pool.ready(0));
+  RoundSpec round;
+  round.round = 1;
+  round.rank_offset = 3;
+  ASSERT_TRUE(group.Start(round).ok());
+  EXPECT_EQ(group.start_summary(), "warm (1 of 1)");
+  EXPECT_TRUE(group.Workers()[0].warm);
+  std::vector<WorkerEvent> events;
+  for (int i = 0; i < 500 && events.empty(); ++i) {
+    events = group.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kAllSucceeded);
+  group.Stop(0);
+  close(console);
+  std::ifstream in(console_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_THAT(ss.str(), HasSubstr("hello from rank 3"));
+  // The next start has no warm interpreter left: cold, and it says so.
+  round.round = 2;
+  ASSERT_TRUE(group.Start(round).ok());
+  EXPECT_THAT(group.start_summary(), HasSubstr("cold (local rank 0: no warm interpreter was ready)"));
+  group.Stop(0);
+}
+
+TEST(ReadControlLines, WholeLinesOnlyAndEof) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  ASSERT_EQ(write(sv[1], "ready 1.5\npg 2", 14), 14);
+  std::string buf;
+  bool closed = false;
+  EXPECT_EQ(ReadControlLines(sv[0], &buf, &closed), std::vector<std::string>{"ready 1.5"});
+  EXPECT_FALSE(closed);
+  ASSERT_EQ(write(sv[1], " 3\n", 3), 3);
+  close(sv[1]);
+  EXPECT_EQ(ReadControlLines(sv[0], &buf, &closed), std::vector<std::string>{"pg 2 3"});
+  EXPECT_TRUE(closed);
+  close(sv[0]);
+}
+
+}  // namespace
+}  // namespace ballast::agent
