@@ -9,12 +9,14 @@ does not fit comfortably in memory) it measures, in one run:
   save          blocking time of Checkpointer.save() (steady state: both slots
                 already sized; the copy, checksum and commit)
   torch.save    torch.save to the same directory plus fsync
-  load (mem)    Checkpointer.load() from shared memory (checksums verified; and
-                without verification)
+  load (mem)    Checkpointer.load() from shared memory (checksums verified as it
+                copies; and without verification)
+  load into     Checkpointer.load(into=state): into the state's existing tensors
   torch.load    torch.load of the file torch.save wrote (page cache hot)
 
 Targets: save within 1.2x of the memcpy floor and >= 20x faster than
-torch.save+fsync at 1 GB; load from memory >= 5x faster than torch.load.
+torch.save+fsync at 1 GB; load from memory >= 5x faster than torch.load; load
+into existing tensors within 1.5x of the memcpy floor.
 
 Run:  PYTHONPATH=build/python /usr/bin/python3 bench/ckpt_bench.py [--sizes 0.1,1,4] [--dir D]
 """
@@ -101,6 +103,9 @@ def bench_size(gb, root, repeats):
     ckpt.verify = False
     r["load_mem_noverify_s"], _ = timed(lambda: ckpt.load(), repeats)
     ckpt.verify = True
+    # In place: into the state's own (already faulted) tensors, as after a restart.
+    r["load_into_s"], _ = timed(lambda: ckpt.load(into=state), repeats)
+    assert ckpt.last_load_source == "memory"
 
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "torch.pt")
@@ -129,6 +134,8 @@ def bench_size(gb, root, repeats):
     r["torch_save_vs_save"] = r["torch_save_fsync_s"] / r["save_best_s"]
     r["torch_load_vs_load_mem"] = r["torch_load_s"] / r["load_mem_s"]
     r["torch_load_vs_load_mem_noverify"] = r["torch_load_s"] / r["load_mem_noverify_s"]
+    r["torch_load_vs_load_into"] = r["torch_load_s"] / r["load_into_s"]
+    r["load_into_vs_floor"] = r["load_into_s"] / floor
     r["save_gbps"] = total / r["save_best_s"] / 1e9
     r["floor_gbps"] = total / floor / 1e9
     return r
@@ -168,6 +175,9 @@ def main():
                       f"  -> {r['torch_load_vs_load_mem']:.1f}x faster than torch.load (target >= 5x)")
                 print(f"load from memory       {r['load_mem_noverify_s'] * 1e3:9.1f} ms  (no verify)"
                       f"  -> {r['torch_load_vs_load_mem_noverify']:.1f}x faster than torch.load")
+                print(f"load into (in place)   {r['load_into_s'] * 1e3:9.1f} ms  (verified)"
+                      f"  -> {r['load_into_vs_floor']:.2f}x floor (target <= 1.5x),"
+                      f" {r['torch_load_vs_load_into']:.1f}x faster than torch.load")
                 print(f"torch.load             {r['torch_load_s'] * 1e3:9.1f} ms")
                 print(f"save(persist) + wait   {r['persist_save_blocking_s'] * 1e3:9.1f} ms blocking, "
                       f"{r['persist_durable_s'] * 1e3:.1f} ms until durable")

@@ -84,17 +84,24 @@ class _Image:
                 out[node["t"]] = (shape, (0,) * len(shape), shape)
         return out
 
-    def materialize(self, device=None, replace=None, shards_as_tensors=()):
-        """Copies the image into fresh tensors and rebuilds the saved state.
+    def materialize(self, device=None, replace=None, shards_as_tensors=(), verify=False, into=None):
+        """Copies the image into tensors and rebuilds the saved state.
 
         replace: {key: tensor} used instead of the image's own data.
         shards_as_tensors: keys of Shard nodes to return as plain tensors.
+        verify: check the data checksum while copying (when the snapshot was
+            not verified yet); CheckpointCorruptError on a mismatch.
+        into: {key: tensor} of the caller's tensors to fill in place (see
+            Checkpointer.load); the state then holds those tensor objects.
         """
         replace = replace or {}
+        into = into or {}
         refs = []
         _tree.walk_refs(self.doc["tree"], refs)
         tensors = dict(replace)
         targets = []
+        fresh = True
+        copy_back = []  # (fresh tensor, caller's tensor) for targets not written directly
         for node in refs:
             key = node.get("t", node.get("s"))
             if key is None or key in tensors:
@@ -106,31 +113,60 @@ class _Image:
                     f"checkpoint {self.source}: entry '{key}' has dtype {dtype}, which this torch "
                     "cannot hold" if dtype != "blob" else
                     f"checkpoint {self.source}: entry '{key}' is a blob, not a tensor")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # complex32 is "experimental" in torch 1.13
-                t = torch.empty(shape, dtype=torch_dtype)
+            dst = into.get(key)
+            if dst is not None and (dst.dtype != torch_dtype or tuple(dst.shape) != tuple(shape)):
+                raise ValueError(f"load(into=...): '{key}' is {dst.dtype} {tuple(dst.shape)} here but was saved "
+                                 f"as {torch_dtype} {tuple(shape)}")
+            if dst is not None and dst.device.type == "cpu" and dst.is_contiguous():
+                t = dst  # straight into the caller's memory: no allocation, no page faults
+                fresh = False
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # complex32 is "experimental" in torch 1.13
+                    t = torch.empty(shape, dtype=torch_dtype)
+                if dst is not None:
+                    copy_back.append((t, dst))
             if t.numel() * t.element_size() != nbytes:
                 raise CheckpointCorruptError(
                     f"checkpoint {self.source}: entry '{key}' has {nbytes} bytes for shape {shape}")
             if nbytes:
                 targets.append((i, t.data_ptr()))
-            tensors[key] = t
-        self.snap.copy_to(targets)  # one parallel copy, GIL released
+            tensors[key] = t if dst is None else dst
+        # One parallel copy, GIL released; with verify the checksum is computed on the way.
+        with torch.no_grad():
+            self.snap.copy_to(targets, verify=verify, fresh=fresh)
+            for src, dst in copy_back:
+                dst.copy_(src)
         if device is not None:
-            tensors = {k: v.to(device) for k, v in tensors.items()}
+            tensors = {k: (v if k in into else v.to(device)) for k, v in tensors.items()}
 
         def resolve(node):
             if "B" in node:
                 return self.snap.read_bytes(self.entry(node["B"])[0])
             if "t" in node:
                 t = tensors[node["t"]]
-                return t.requires_grad_() if node.get("g") else t
+                return t.requires_grad_() if node.get("g") and not t.requires_grad and t.is_leaf else t
             key = node["s"]
             if key in shards_as_tensors or key in replace:
                 return tensors[key]
             return Shard(tensors[key], node["gs"], node["go"])
 
         return _tree.decode(self.doc["tree"], resolve)
+
+
+class _TargetIndex(_tree.Encoder):
+    """The tensors of a state by the keys a save of it would give them."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.targets = {}
+        if state is not None:
+            self.node(state, ())
+
+    def _tensor(self, t, path):
+        key = self._key(path)
+        self.targets[key] = t
+        return key
 
 
 def _normalize_shards(shards):
@@ -383,7 +419,7 @@ class Checkpointer:
 
     # -- load ------------------------------------------------------------------
 
-    def load(self, shards=None, *, step=None, device=None):
+    def load(self, shards=None, *, step=None, device=None, into=None):
         """Loads the newest checkpoint: ``(step, state_dict)``, or ``(None, None)``.
 
         Memory is used when its step is the newest step that every rank holds
@@ -401,19 +437,35 @@ class Checkpointer:
                 a checkpoint saved by N ranks loads on M).
             step: load this step instead of the newest.
             device: move the tensors there (e.g. "cuda").
+            into: a state shaped like the saved one (e.g. ``{"model":
+                model.state_dict(), "opt": opt.state_dict()}``): its tensors
+                are filled in place (same dtype and shape as saved), so the
+                model and optimizer hold the checkpoint without a new
+                allocation or a ``load_state_dict`` copy, the way
+                torch.distributed.checkpoint loads. The returned state holds
+                those tensors; plain values come back as saved.
+
+        Memory is verified as it is copied (one pass over the data, not two);
+        a corrupt in-memory step makes every rank load from disk.
 
         Example::
 
             step, state = ckpt.load()
+            # in place, after a restart (the model and optimizer exist already):
+            step, state = ckpt.load(into={"model": model.state_dict(), "opt": opt.state_dict()})
+            if state is not None:
+                opt.load_state_dict(state["opt"])   # param groups, step counts
             # 2 ranks reading a 100 x 8 weight saved by 4 ranks as ballast.Shard:
             step, state = ckpt.load(shards={"w": ((100, 8), (50 * rank, 0), (50, 8))})
             w = state["w"]   # torch.Tensor of shape (50, 8)
         """
         rank, world = self.rank_world()
         shards = _normalize_shards(shards)
+        targets = _TargetIndex(into).targets
         mem_img, mem_step = None, -1
         try:
-            snap = self._store.restore(step=step, verify=self.verify)
+            # Verified below, while it is copied.
+            snap = self._store.restore(step=step, verify=False)
             if snap is not None:
                 mem_img = _Image(snap)
                 if self._memory_usable(mem_img, rank, world, shards):
@@ -429,16 +481,32 @@ class Checkpointer:
             disk_step = -1 if latest is None else latest
         mem_min, mem_max, disk_min, disk_max = mem_step, mem_step, disk_step, disk_step
         d = self._collective(world)
-        if d is not None:
-            t = torch.tensor([mem_step, -mem_step, disk_step, -disk_step], dtype=torch.int64)
+
+        def all_reduce_min(values):
+            t = torch.tensor(values, dtype=torch.int64)
             if d.get_backend() == "nccl":
                 t = t.cuda()
             d.all_reduce(t, op=d.ReduceOp.MIN)
-            mem_min, mem_max, disk_min, disk_max = (int(t[0]), -int(t[1]), int(t[2]), -int(t[3]))
+            return [int(x) for x in t]
+
+        if d is not None:
+            mem_min, neg_max, disk_min, neg_disk_max = all_reduce_min([mem_step, -mem_step, disk_step, -disk_step])
+            mem_max, disk_max = -neg_max, -neg_disk_max
         if mem_step >= 0 and mem_min == mem_max == mem_step and mem_step >= disk_max:
-            state = mem_img.materialize(device, shards_as_tensors=set(shards))
-            self.last_load_source = "memory"
-            return mem_step, state
+            state, ok = None, 1
+            try:
+                state = mem_img.materialize(device, shards_as_tensors=set(shards), verify=self.verify,
+                                            into=targets)
+            except CheckpointCorruptError as e:
+                warnings.warn(f"ignoring the in-memory checkpoint: {e}")
+                ok = 0
+            # Every rank uses memory, or none does (one rank's corrupt image
+            # would otherwise leave the world on two different steps).
+            if d is not None:
+                ok = all_reduce_min([ok])[0]
+            if ok:
+                self.last_load_source = "memory"
+                return mem_step, state
         del mem_img, snap
         if disk_min < 0:
             if disk_max >= 0:
@@ -447,7 +515,7 @@ class Checkpointer:
                     f"{disk_max}: every rank must see the same checkpoint directory")
             self.last_load_source = None
             return None, None
-        state = self._load_disk(disk_min, rank, device, shards)
+        state = self._load_disk(disk_min, rank, device, shards, targets)
         self.last_load_source = "disk"
         return disk_min, state
 
@@ -465,16 +533,17 @@ class Checkpointer:
                 return False
         return True
 
-    def _load_disk(self, step, rank, device, shards):
+    def _load_disk(self, step, rank, device, shards, targets=None):
         if not shards:
             path = _C.shard_path(self.dir, step, rank)
             try:
-                snap = _C.read_file(path)
+                # Disk is always verified: here while it is copied.
+                snap = _C.read_file(path, verify=False)
             except FileNotFoundError as e:
                 raise FileNotFoundError(
                     f"{e}. Checkpoint step {step} in {self.dir} has no shard for rank {rank}: "
                     "it was saved by fewer ranks; pass shards= to reshard sharded tensors") from None
-            return _Image(snap).materialize(device)
+            return _Image(snap).materialize(device, verify=True, into=targets)
         images = _read_all_ranks(self.dir, step)
         own = next((img for r, img in images if r == rank), images[0][1])
         imgs = [img for _, img in images]
@@ -484,7 +553,7 @@ class Checkpointer:
                 raise ValueError(f"shards names '{key}', which is not a tensor of checkpoint step "
                                  f"{step} (it has: {', '.join(sorted(own_pieces)) or 'none'})")
         assembled = {key: _assemble(key, want, imgs) for key, want in shards.items()}
-        return own.materialize(device, replace=assembled)
+        return own.materialize(device, replace=assembled, into=targets)
 
     # -- lifetime --------------------------------------------------------------
 

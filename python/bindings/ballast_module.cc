@@ -121,10 +121,10 @@ void AdviseHugePages(uint8_t* dst, uint64_t n) {
 }
 
 // Runs the copies over `pool`, large ones split into chunks. No GIL needed.
-void RunCopies(const std::vector<CopyJob>& jobs, CopyPool* pool) {
+void RunCopies(const std::vector<CopyJob>& jobs, CopyPool* pool, bool fresh = true) {
   constexpr uint64_t kChunk = 4u << 20;
   for (const CopyJob& j : jobs) {
-    if (j.n >= (4u << 20)) AdviseHugePages(j.dst, j.n);
+    if (fresh && j.n >= (4u << 20)) AdviseHugePages(j.dst, j.n);
   }
   uint64_t total = 0;
   for (const CopyJob& j : jobs) total += j.n;
@@ -163,6 +163,7 @@ class PySnapshot {
 
   uint64_t step() const { return snap_.step(); }
   const std::string& source() const { return snap_.source(); }
+  bool verified() const { return snap_.verified(); }
 
   // [(key, dtype name, shape tuple, nbytes)] in storage order.
   py::list Entries() const {
@@ -182,7 +183,37 @@ class PySnapshot {
   // Copies entry i's bytes to dst for each (i, dst) of `targets` (dst: an
   // address with room for the entry's nbytes, e.g. a fresh tensor's
   // data_ptr()).
-  void CopyTo(const std::vector<std::pair<size_t, uintptr_t>>& targets) const {
+  //
+  // With verify, a snapshot restored without verification is checked as it
+  // is copied (one pass: ckpt::CopyOutAndChecksum); a mismatch raises
+  // CheckpointCorruptError and the targets hold garbage. fresh: the targets
+  // are newly allocated (ask for huge pages before the first touch).
+  void CopyTo(const std::vector<std::pair<size_t, uintptr_t>>& targets, bool verify, bool fresh) const {
+    if (verify && !snap_.verified()) {
+      std::vector<ckpt::Extract> extracts;
+      extracts.reserve(targets.size());
+      for (const auto& [index, dst] : targets) {
+        const ckpt::Entry& e = At(index);
+        extracts.push_back({e.offset, e.nbytes, reinterpret_cast<uint8_t*>(dst)});
+      }
+      std::sort(extracts.begin(), extracts.end(),
+                [](const ckpt::Extract& a, const ckpt::Extract& b) { return a.offset < b.offset; });
+      uint64_t digest = 0;
+      {
+        py::gil_scoped_release release;
+        if (fresh) {
+          for (const ckpt::Extract& x : extracts) {
+            if (x.nbytes >= (4u << 20)) AdviseHugePages(x.dst, x.nbytes);
+          }
+        }
+        digest = ckpt::CopyOutAndChecksum(snap_.data(), snap_.data_bytes(), extracts, LoadPool());
+      }
+      if (digest != snap_.data_checksum()) {
+        Check(absl::DataLossError(absl::StrCat("checkpoint ", snap_.source(),
+                                               " is corrupt: data checksum mismatch; restore from disk instead")));
+      }
+      return;
+    }
     std::vector<CopyJob> jobs;
     jobs.reserve(targets.size());
     for (const auto& [index, dst] : targets) {
@@ -190,7 +221,7 @@ class PySnapshot {
       jobs.push_back({snap_.Data(e), reinterpret_cast<uint8_t*>(dst), e.nbytes});
     }
     py::gil_scoped_release release;
-    RunCopies(jobs, LoadPool());
+    RunCopies(jobs, LoadPool(), fresh);
   }
 
   // Copies the box [src_start, src_start + box) of entry `index` (a row-major
@@ -639,7 +670,8 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("source", &PySnapshot::source)
       .def("entries", &PySnapshot::Entries)
       .def("read_bytes", &PySnapshot::ReadBytes, py::arg("index"))
-      .def("copy_to", &PySnapshot::CopyTo, py::arg("targets"))
+      .def("copy_to", &PySnapshot::CopyTo, py::arg("targets"), py::arg("verify") = false, py::arg("fresh") = true)
+      .def_property_readonly("verified", [](const PySnapshot& s) { return s.verified(); })
       .def("copy_box", &PySnapshot::CopyBox, py::arg("index"), py::arg("elem_size"),
            py::arg("src_shape"), py::arg("src_start"), py::arg("dst"), py::arg("dst_shape"),
            py::arg("dst_start"), py::arg("box"));

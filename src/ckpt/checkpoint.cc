@@ -103,6 +103,46 @@ uint64_t CopyDataAndChecksum(uint8_t* dst, uint64_t data_bytes, const std::vecto
   return total.Digest();
 }
 
+namespace {
+
+// Copies the extracts that overlap [lo, hi) and checksums the source window
+// by window (see CopyOutAndChecksum).
+Checksum64 CopyOutWindowed(const uint8_t* data, uint64_t lo, uint64_t hi, const std::vector<Extract>& extracts) {
+  Checksum64 cs;
+  auto first = std::partition_point(extracts.begin(), extracts.end(),
+                                    [&](const Extract& e) { return e.offset + e.nbytes <= lo; });
+  for (uint64_t w = lo; w < hi; w += kWindowBytes) {
+    const uint64_t we = std::min(hi, w + kWindowBytes);
+    while (first != extracts.end() && first->offset + first->nbytes <= w) ++first;
+    for (auto it = first; it != extracts.end() && it->offset < we; ++it) {
+      const uint64_t a = std::max(w, it->offset);
+      const uint64_t b = std::min(we, it->offset + it->nbytes);
+      if (b > a) std::memcpy(it->dst + (a - it->offset), data + a, b - a);
+    }
+    cs.Update(data + w, we - w);
+  }
+  return cs;
+}
+
+}  // namespace
+
+uint64_t CopyOutAndChecksum(const uint8_t* data, uint64_t data_bytes, const std::vector<Extract>& extracts,
+                            CopyPool* pool) {
+  if (pool == nullptr || pool->threads() == 1 || data_bytes < kDefaultParallelCopyThreshold) {
+    return CopyOutWindowed(data, 0, data_bytes, extracts).Digest();
+  }
+  const uint64_t chunk = ChunkSize(data_bytes, pool, 4u << 20);
+  const size_t count = (data_bytes + chunk - 1) / chunk;
+  std::vector<Checksum64> parts(count);
+  pool->Run(count, [&](size_t i) {
+    const uint64_t lo = i * chunk;
+    parts[i] = CopyOutWindowed(data, lo, std::min(data_bytes, lo + chunk), extracts);
+  });
+  Checksum64 total;
+  for (const Checksum64& p : parts) total.Append(p);
+  return total.Digest();
+}
+
 uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, CopyPool* pool, uint64_t chunk_bytes) {
   if (pool == nullptr || pool->threads() == 1 || n < kDefaultParallelCopyThreshold) {
     return ChecksumBytes(data, n);
@@ -187,7 +227,8 @@ absl::StatusOr<Snapshot> RestoreFromShm(SlotStore* store, const RestoreOptions& 
   }
   auto keep = std::make_shared<PinnedSlot>(std::move(*pinned));
   return Snapshot(image.header.step, std::move(image.entries), image.data, image.header.data_bytes,
-                  source, std::shared_ptr<const void>(keep, keep.get()));
+                  source, std::shared_ptr<const void>(keep, keep.get()), image.header.data_checksum,
+                  options.verify_data);
 }
 
 }  // namespace ballast::ckpt

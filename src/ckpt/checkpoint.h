@@ -82,13 +82,29 @@ class CheckpointWriter {
 };
 
 struct RestoreOptions {
-  // Verify the data checksum (a parallel pass over the data).
+  // Verify the data checksum (a parallel pass over the data). Without it the
+  // snapshot is not verified() and a reader may verify as it copies.
   bool verify_data = true;
   // Restore this step instead of the newest committed one.
   std::optional<uint64_t> step;
   // Threads for the verification pass; null: calling thread only.
   CopyPool* pool = nullptr;
 };
+
+// A piece of a snapshot's data region to copy out: [offset, offset + nbytes) to dst.
+struct Extract {
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  uint8_t* dst = nullptr;
+};
+
+// Copies `extracts` (sorted by offset, non-overlapping) out of the data
+// region data[0, data_bytes) and returns the Checksum64 digest of the whole
+// region, in one pass: window by window, the copies first, then the checksum
+// of the source window while it is still in cache. Parallel over `pool` (null:
+// the calling thread) at or above the parallel threshold.
+uint64_t CopyOutAndChecksum(const uint8_t* data, uint64_t data_bytes, const std::vector<Extract>& extracts,
+                            CopyPool* pool);
 
 // The newest committed step in the store (never a torn one), validated.
 // kNotFound when the store holds no committed step. The snapshot pins its slot

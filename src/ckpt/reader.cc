@@ -67,7 +67,8 @@ absl::StatusOr<Snapshot> ReadCheckpointFile(const std::string& path, const ReadO
   parse.exact_size = true;
   ASSIGN_OR_RETURN(ParsedImage image, ParseImage(bytes, size, path, parse));
   return Snapshot(image.header.step, std::move(image.entries), image.data, image.header.data_bytes,
-                  path, std::shared_ptr<const void>(mapping, mapping.get()));
+                  path, std::shared_ptr<const void>(mapping, mapping.get()), image.header.data_checksum,
+                  options.verify_data);
 }
 
 absl::StatusOr<uint64_t> ReadLatestStep(const std::string& dir) {

@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <vector>
 #include <thread>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/checksum.h"
 #include "ckpt/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -400,6 +403,29 @@ TEST(CkptPersistChannel, PersistErrorIsSeenByTheOtherSide) {
   EXPECT_EQ(err->message, "disk full");
   (*owner)->ReportPersistError(6, std::string(2000, 'x'));  // truncated, not overflowing
   EXPECT_EQ((*worker)->GetPersistError()->message.size(), SlotStore::kMaxPersistErrorBytes - 1);
+}
+
+TEST(CopyOutAndChecksum, CopiesTheExtractsAndChecksumsTheWholeRegionLikeOnePass) {
+  // 24 MiB of data: parallel, several windows per chunk, extracts crossing chunk edges.
+  const uint64_t n = 24u << 20;
+  std::vector<uint8_t> data(n);
+  for (uint64_t i = 0; i < n; ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  std::vector<uint8_t> a(5u << 20), b(100), c(9u << 20);
+  std::vector<Extract> extracts = {{64, a.size(), a.data()}, {(8u << 20) - 10, b.size(), b.data()},
+                                   {(12u << 20) + 3, c.size(), c.data()}};
+  CopyPool pool(3);
+  const uint64_t want = ChecksumBytes(data.data(), n);
+  EXPECT_EQ(CopyOutAndChecksum(data.data(), n, extracts, &pool), want);
+  EXPECT_EQ(0, std::memcmp(a.data(), data.data() + 64, a.size()));
+  EXPECT_EQ(0, std::memcmp(b.data(), data.data() + (8u << 20) - 10, b.size()));
+  EXPECT_EQ(0, std::memcmp(c.data(), data.data() + (12u << 20) + 3, c.size()));
+  // The calling thread alone gives the same.
+  std::vector<uint8_t> a2(a.size());
+  EXPECT_EQ(CopyOutAndChecksum(data.data(), n, {{64, a2.size(), a2.data()}}, nullptr), want);
+  EXPECT_EQ(a2, a);
+  // A flipped byte anywhere (copied or not) changes the digest.
+  data[n - 7] ^= 1;
+  EXPECT_NE(CopyOutAndChecksum(data.data(), n, extracts, &pool), want);
 }
 
 }  // namespace

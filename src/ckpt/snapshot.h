@@ -20,12 +20,18 @@ namespace ballast::ckpt {
 class Snapshot {
  public:
   Snapshot() = default;
+  // data_checksum: the header's checksum of the data region; verified: it was
+  // checked against the data already (else a reader checks it as it copies:
+  // CopyOutAndChecksum).
   Snapshot(uint64_t step, std::vector<Entry> entries, const uint8_t* data, uint64_t data_bytes,
-           std::string source, std::shared_ptr<const void> keepalive)
+           std::string source, std::shared_ptr<const void> keepalive, uint64_t data_checksum = 0,
+           bool verified = true)
       : step_(step),
         entries_(std::move(entries)),
         data_(data),
         data_bytes_(data_bytes),
+        data_checksum_(data_checksum),
+        verified_(verified),
         source_(std::move(source)),
         keepalive_(std::move(keepalive)) {}
 
@@ -37,6 +43,9 @@ class Snapshot {
   const Entry* Find(absl::string_view key) const;
   const uint8_t* Data(const Entry& e) const { return data_ + e.offset; }
   uint64_t data_bytes() const { return data_bytes_; }
+  const uint8_t* data() const { return data_; }
+  uint64_t data_checksum() const { return data_checksum_; }
+  bool verified() const { return verified_; }
   // Where it came from: "shm:/name.s1" or a file path.
   const std::string& source() const { return source_; }
 
@@ -45,6 +54,8 @@ class Snapshot {
   std::vector<Entry> entries_;
   const uint8_t* data_ = nullptr;
   uint64_t data_bytes_ = 0;
+  uint64_t data_checksum_ = 0;
+  bool verified_ = true;
   std::string source_;
   std::shared_ptr<const void> keepalive_;
 };
