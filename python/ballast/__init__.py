@@ -16,6 +16,10 @@ Progress: ``ballast.step(n)`` tells the agent the worker reached step n (two
 stores into shared memory); ``ballast run --hang-timeout S`` restarts workers
 whose progress stops. Under an agent, ``import ballast`` registers faulthandler
 on SIGUSR1 so a hung worker's Python stacks reach the log (see ballast.progress).
+
+Data: ``ballast.ElasticSampler`` is a DistributedSampler whose state (epoch and
+global position) goes into the checkpoint, so an epoch resumes exactly, on any
+world size (see ballast.sampler).
 """
 
 from ballast._ballast import CheckpointCorruptError
@@ -23,10 +27,11 @@ from ballast._tree import Shard
 from ballast.checkpoint import Checkpointer, read_checkpoint
 from ballast import progress
 from ballast._ballast import step
+from ballast.sampler import ElasticSampler
 
 progress.install_stack_dump_handler()
 
 __version__ = "0.1.0"
 
 __all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "read_checkpoint", "step", "progress",
-           "__version__"]
+           "ElasticSampler", "__version__"]

@@ -12,10 +12,13 @@ See ``Checkpointer`` for the API. Two modes, same API:
   memory then does not survive the process, disk does.
 """
 
+import ctypes
+import functools
 import glob
 import os
 import re
 import secrets
+import threading
 import warnings
 import weakref
 
@@ -29,6 +32,9 @@ CheckpointCorruptError = _C.CheckpointCorruptError
 
 ENV_SHM = "BALLAST_CKPT_SHM"
 _DEFAULT_WAIT_S = 600.0
+# save(blocking=False) copies tensors smaller than this at the call: buffers
+# that forward updates in place (BatchNorm statistics) are small.
+_ASYNC_CLONE_BYTES = 1 << 20
 
 
 def _dist():
@@ -225,14 +231,38 @@ def _assemble(key, want, images):
     return out
 
 
+class _PendingSave:
+    """A save(blocking=False) copying on a thread of its own."""
+
+    def __init__(self, store, step, entries, keepalive):
+        self.step = step
+        self.error = None
+        self._keepalive = keepalive  # the tensors the entries point into, until the copy is done
+
+        def run():
+            try:
+                store.save(step, entries)  # the copy releases the GIL
+            except BaseException as e:  # raised to the caller by wait_saved()
+                self.error = e
+            finally:
+                self._keepalive = None
+
+        self.thread = threading.Thread(target=run, name=f"ballast-save-{step}", daemon=True)
+        self.thread.start()
+
+
 class _Resources:
     """What a Checkpointer owns; closed by close(), GC or interpreter exit."""
 
     def __init__(self, store):
         self.store = store
         self.persister = None
+        self.pending = None  # a _PendingSave
 
     def close(self):
+        if self.pending is not None:
+            self.pending.thread.join()
+            self.pending = None
         if self.persister is not None:
             self.persister.close()  # finishes a pending persist
             self.persister = None
@@ -282,6 +312,7 @@ class Checkpointer:
         self._world_size = None if world_size is None else int(world_size)
         self.last_load_source = None
         self._requested = None  # newest step asked to be persisted
+        self._pending_persist = None  # (step, rank, world) of a save(blocking=False, persist=True)
         self._persist_key = None
         name = shm or os.environ.get(ENV_SHM) or None
         if name:
@@ -322,7 +353,7 @@ class Checkpointer:
 
     # -- save ------------------------------------------------------------------
 
-    def save(self, step, state_dict, persist=False):
+    def save(self, step, state_dict, persist=False, *, blocking=True):
         """Copies ``state_dict`` into shared memory as ``step``; returns when it is there.
 
         Tensors (any dtype and shape, non-contiguous or on CUDA) are copied from
@@ -331,15 +362,43 @@ class Checkpointer:
         ``dir`` (by the ``ballast run`` agent, or a thread of this process);
         ``wait()`` blocks until it is durable.
 
+        With ``blocking=False`` the copy runs on a thread while training goes
+        on, and the call returns at once: the next step's forward and backward
+        only read the parameters and optimizer state. Until ``wait_saved()``
+        returns, do not change the saved tensors in place: call it before
+        ``optimizer.step()`` (``ckpt.guard(optimizer)`` does that for you).
+        Tensors under 1 MiB (buffers that forward updates, such as BatchNorm
+        statistics) are copied at the call. A step is committed only once its
+        copy is complete, as for a blocking save; the next save or load waits
+        for the pending one.
+
         Example::
 
             ckpt.save(100, {"model": model.state_dict(), "opt": opt.state_dict(),
                             "epoch": 3}, persist=True)
+            # overlapped with training:
+            opt = ckpt.guard(opt)              # opt.step() waits for the copy first
+            for step in range(start, steps):
+                loss = model(batch()).sum(); loss.backward()
+                opt.step(); opt.zero_grad()
+                ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict()},
+                          blocking=False)
         """
         step = int(step)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
+        self.wait_saved()
         rank, world = self.rank_world()
+        if not blocking:
+            entries, keepalive = _tree.encode_state(
+                state_dict, {"rank": rank, "world_size": world, "step": step})
+            # Small tensors by value now; the rest is read by the copy thread.
+            entries = [(k, n, shape, ctypes.string_at(data, nbytes)
+                        if isinstance(data, int) and 0 < nbytes < _ASYNC_CLONE_BYTES else data, nbytes)
+                       for k, n, shape, data, nbytes in entries]
+            self._res.pending = _PendingSave(self._store, step, entries, keepalive)
+            self._pending_persist = (step, rank, world) if persist else None
+            return
         # The agent's hang detection allows a save its checkpoint grace period.
         _C.progress_checkpoint(True)
         try:
@@ -351,6 +410,53 @@ class Checkpointer:
             _C.progress_checkpoint(False)
         if persist:
             self._request_persist(step, rank, world)
+
+    def wait_saved(self):
+        """Waits for a ``save(blocking=False)`` to finish copying; raises its error, if any.
+
+        After it returns the saved tensors may change again. Cheap when
+        nothing is pending.
+
+        Example::
+
+            ckpt.save(step, state, blocking=False)
+            loss.backward()
+            ckpt.wait_saved()
+            opt.step()
+        """
+        pending = self._res.pending
+        if pending is None:
+            return
+        pending.thread.join()
+        self._res.pending = None
+        persist, self._pending_persist = self._pending_persist, None
+        if pending.error is not None:
+            raise pending.error
+        if persist is not None:
+            self._request_persist(*persist)
+
+    def guard(self, optimizer):
+        """Makes ``optimizer.step()`` first wait for a pending ``save(blocking=False)``.
+
+        torch 1.13 has no optimizer pre-step hook: this wraps the optimizer's
+        ``step`` method (once) and returns the optimizer.
+
+        Example::
+
+            opt = ckpt.guard(torch.optim.AdamW(model.parameters()))
+        """
+        step = optimizer.step
+        if getattr(step, "_ballast_guarded", False):
+            return optimizer
+
+        @functools.wraps(step)
+        def guarded_step(*args, **kwargs):
+            self.wait_saved()
+            return step(*args, **kwargs)
+
+        guarded_step._ballast_guarded = True
+        optimizer.step = guarded_step
+        return optimizer
 
     def _request_persist(self, step, rank, world):
         key = (self.dir, rank, world, self.keep)
@@ -379,6 +485,7 @@ class Checkpointer:
             ckpt.save(step, state, persist=True)
             ckpt.wait()          # the file is fsync'ed; safe to stop the job
         """
+        self.wait_saved()
         if self._requested is None:
             return
         step = self._requested
@@ -415,6 +522,7 @@ class Checkpointer:
             ckpt.save(8, state)
             assert ckpt.memory_step() == 8
         """
+        self.wait_saved()
         return self._store.memory_step()
 
     # -- load ------------------------------------------------------------------
@@ -459,6 +567,7 @@ class Checkpointer:
             step, state = ckpt.load(shards={"w": ((100, 8), (50 * rank, 0), (50, 8))})
             w = state["w"]   # torch.Tensor of shape (50, 8)
         """
+        self.wait_saved()
         rank, world = self.rank_world()
         shards = _normalize_shards(shards)
         targets = _TargetIndex(into).targets

@@ -1,0 +1,96 @@
+"""Checkpointer.save(blocking=False): the copy overlaps training, is waited
+for before the tensors change, and never commits a torn step."""
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+import torch
+
+import ballast
+from ballast import _ballast
+from _util import TestCase
+
+
+class AsyncSave(TestCase):
+    def test_returns_before_the_copy_and_the_step_is_there_after(self):
+        ckpt = self.checkpointer()
+        big = torch.randn(8 << 20)  # 32 MiB: copied on the thread
+        ckpt.save(1, {"w": big, "epoch": 4}, blocking=False)
+        self.assertEqual(ckpt.memory_step(), 1)  # waits for the pending copy
+        step, state = ckpt.load()
+        self.assertEqual((step, state["epoch"]), (1, 4))
+        self.assertBitwise(big, state["w"])
+
+    def test_small_tensors_are_taken_at_the_call(self):
+        ckpt = self.checkpointer()
+        running_mean = torch.zeros(16)  # like a BatchNorm buffer forward updates
+        ckpt.save(2, {"bn": running_mean, "w": torch.ones(4 << 20)}, blocking=False)
+        running_mean += 1  # "the next forward", while the big copy may still run
+        ckpt.wait_saved()
+        _, state = ckpt.load()
+        self.assertTrue(torch.equal(state["bn"], torch.zeros(16)))
+
+    def test_guarded_optimizer_step_waits_for_the_copy(self):
+        ckpt = self.checkpointer()
+        model = torch.nn.Linear(2048, 2048)  # 16 MiB of weights
+        opt = ckpt.guard(torch.optim.SGD(model.parameters(), lr=1.0))
+        self.assertIs(ckpt.guard(opt), opt)  # guarding twice wraps once
+        before = model.weight.detach().clone()
+        model(torch.randn(8, 2048)).sum().backward()
+        ckpt.save(3, {"model": model.state_dict()}, blocking=False)
+        opt.step()  # waits, then changes the weights
+        self.assertIsNone(ckpt._res.pending)
+        self.assertFalse(torch.equal(model.weight, before))
+        _, state = ckpt.load()
+        self.assertBitwise(before, state["model"]["weight"])
+
+    def test_persist_is_requested_once_the_copy_is_done(self):
+        ckpt = self.checkpointer()
+        ckpt.save(4, {"w": torch.randn(2 << 20)}, persist=True, blocking=False)
+        ckpt.wait()  # waits for the copy, then for the disk
+        self.assertEqual(ckpt.latest_step(), 4)
+
+    def test_an_error_on_the_copy_thread_reaches_the_caller(self):
+        ckpt = self.checkpointer()
+
+        class Failing:
+            name = "x"
+
+            def save(self, step, entries):
+                raise RuntimeError("shared memory is full")
+
+        real = ckpt._res.store
+        ckpt._res.store = Failing()
+        try:
+            ckpt.save(5, {"w": torch.randn(2 << 20)}, blocking=False)
+            with self.assertRaisesRegex(RuntimeError, "shared memory is full"):
+                ckpt.wait_saved()
+        finally:
+            ckpt._res.store = real
+
+    def test_a_process_that_dies_mid_copy_leaves_the_last_complete_step(self):
+        name = f"/ballast-test-async-{os.getpid()}"
+        store = _ballast.Store.create(name)
+        self.addCleanup(store.close)
+        child = textwrap.dedent(f"""
+            import os, torch, ballast
+            c = ballast.Checkpointer({os.path.join(self.tmp, 'c')!r}, shm={name!r}, rank=0, world_size=1)
+            c.save(1, {{"w": torch.full((1 << 16,), 1.0)}})
+            c.save(2, {{"w": torch.full((64 << 20,), 2.0)}}, blocking=False)  # 256 MiB
+            os._exit(0)  # dies while the copy thread runs
+        """)
+        p = subprocess.run([sys.executable, "-c", child], env=dict(os.environ), capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        snap = store.restore(verify=True)  # never a torn step: verified, and the last complete one
+        self.assertIn(snap.step, (1, 2))  # 1 when the copy was cut off (as it usually is)
+        c = ballast.Checkpointer(os.path.join(self.tmp, "c"), shm=name, rank=0, world_size=1)
+        self.addCleanup(c.close)
+        step, state = c.load()
+        self.assertEqual(step, snap.step)
+        self.assertTrue(bool((state["w"] == float(step)).all()))
+
+
+if __name__ == "__main__":
+    unittest.main()
