@@ -10,7 +10,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "ckpt/format.h"
@@ -216,12 +219,27 @@ absl::Status CommitStep(const std::string& dir, uint64_t step, int world_size, i
         "cannot commit step ", step, " in ", dir, ": not all ", world_size, " shards are durable"));
   }
   ASSIGN_OR_RETURN(auto lock, CommitLock::Acquire(dir));
+  // 0. The step may have been committed before by a larger world (a job that
+  //    scaled down and redid the step): its shards of ranks >= world_size
+  //    belong to that other history, and a later load by a larger world must
+  //    not read them as this step's. They go before the marker says who
+  //    saved the step.
+  const std::string marker = absl::StrCat(StepDir(dir, step), "/", kCompleteMarker);
+  const std::string want = absl::StrCat("world_size=", world_size, "\n");
+  std::string have;
+  if (std::ifstream in(marker); in) have.assign(std::istreambuf_iterator<char>(in), {});
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(StepDir(dir, step), ec)) {
+    int rank = -1;
+    const std::string name = de.path().filename().string();
+    if (absl::StartsWith(name, "rank-") && absl::EndsWith(name, ".ballast") &&
+        absl::SimpleAtoi(name.substr(5, name.size() - 5 - 8), &rank) && rank >= world_size) {
+      fs::remove(de.path(), ec);
+    }
+  }
   // 1. COMPLETE marker (durable) before `latest` may name the step, so
   //    retention never counts a step as complete that `latest` did not reach.
-  const std::string marker = absl::StrCat(StepDir(dir, step), "/", kCompleteMarker);
-  if (!fs::exists(marker)) {
-    RETURN_IF_ERROR(WriteFileAtomically(marker, absl::StrCat("world_size=", world_size, "\n")));
-  }
+  if (have != want) RETURN_IF_ERROR(WriteFileAtomically(marker, want));
   // 2. Move `latest` forward only.
   absl::StatusOr<uint64_t> latest = ReadLatestStep(dir);
   if (!latest.ok() || *latest < step) {

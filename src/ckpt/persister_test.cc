@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/reader.h"
@@ -73,6 +74,25 @@ TEST(CkptPersister, LatestOnlyWhenEveryRankIsDurable) {
   EXPECT_EQ(*ReadLatestStep(dir), 5u);
   EXPECT_THAT(ListCompleteSteps(dir), ElementsAre(5));
   EXPECT_EQ(CommitStep(dir, 6, 3, 2).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CkptPersister, RecommitBySmallerWorldDropsTheLargerWorldsShards) {
+  // World 2 commits step 7; the job scales down and world 1 redoes step 7.
+  const std::string dir = MakeTempDir("recommit");
+  for (int r = 0; r < 2; ++r) {
+    auto img = ImageForStep(7);
+    ASSERT_TRUE(WriteShardFile(dir, 7, r, img.data(), img.size()).ok());
+  }
+  ASSERT_TRUE(CommitStep(dir, 7, 2, 5).ok());
+  auto img = ImageForStep(7);
+  ASSERT_TRUE(WriteShardFile(dir, 7, 0, img.data(), img.size()).ok());
+  ASSERT_TRUE(CommitStep(dir, 7, 1, 5).ok());
+  // Rank 1's file was of the other history: gone, and the marker says who saved the step.
+  EXPECT_FALSE(fs::exists(dir + "/step-7/rank-1.ballast"));
+  EXPECT_TRUE(fs::exists(dir + "/step-7/rank-0.ballast"));
+  std::ifstream marker(dir + "/step-7/COMPLETE");
+  std::string text((std::istreambuf_iterator<char>(marker)), {});
+  EXPECT_EQ(text, "world_size=1\n");
 }
 
 TEST(CkptPersister, LatestNeverMovesBackwards) {
