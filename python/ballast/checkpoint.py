@@ -18,6 +18,7 @@ import glob
 import os
 import re
 import secrets
+import sys
 import threading
 import warnings
 import weakref
@@ -313,6 +314,8 @@ class Checkpointer:
         self.last_load_source = None
         self._requested = None  # newest step asked to be persisted
         self._pending_persist = None  # (step, rank, world) of a save(blocking=False, persist=True)
+        self._largest_image = 0  # bytes of the largest image saved (a bigger one sizes the memory)
+        self._growth_noted = False
         self._persist_key = None
         name = shm or os.environ.get(ENV_SHM) or None
         if name:
@@ -404,12 +407,25 @@ class Checkpointer:
         try:
             entries, keepalive = _tree.encode_state(
                 state_dict, {"rank": rank, "world_size": world, "step": step})
-            self._store.save(step, entries)
+            stats = self._store.save(step, entries)
             del keepalive
         finally:
             _C.progress_checkpoint(False)
+        self._note_growth(step, stats)
         if persist:
             self._request_persist(step, rank, world)
+
+    def _note_growth(self, step, stats):
+        """Says once when a save was slow because it sized the shared memory (the first ones)."""
+        size = stats.get("image_bytes", 0) if isinstance(stats, dict) else 0
+        grew = size > self._largest_image
+        self._largest_image = max(size, self._largest_image)
+        if grew and stats.get("seconds", 0) > 0.25 and not self._growth_noted:
+            self._growth_noted = True
+            sys.stderr.write(
+                f"ballast: checkpoint step {step}: this save of {size / (1 << 30):.2f} GiB took "
+                f"{stats['seconds']:.2f} s because it sized and faulted the shared memory; later saves "
+                "reuse it (the other slot is grown in the background now)\n")
 
     def wait_saved(self):
         """Waits for a ``save(blocking=False)`` to finish copying; raises its error, if any.

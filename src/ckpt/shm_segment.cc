@@ -5,11 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ckpt/checkpoint.h"
 #include "common/status_macros.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -109,21 +112,34 @@ absl::Status ShmSegment::EnsureCapacity(uint64_t bytes, bool prefault) {
   struct stat st;
   if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat(", name_, ")"));
   uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t old_size = size;
   if (size < bytes) {
-    // posix_fallocate reserves the tmpfs pages now, so running out of /dev/shm
-    // is a clean error here instead of a SIGBUS in the middle of a save.
     if (ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
       return ErrnoStatus(errno, absl::StrCat("ftruncate(", name_, ", ", bytes, ")"));
     }
-    int err = posix_fallocate(fd_, static_cast<off_t>(size), static_cast<off_t>(bytes - size));
-    if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
-      return ErrnoStatus(err, absl::StrCat("fallocate(", name_, ", ", bytes, ")"));
+    // Reserve the tmpfs pages now, so running out of /dev/shm is a clean
+    // error here instead of a SIGBUS in the middle of a save. With prefault
+    // the populate below allocates them (in parallel) and reports a full
+    // /dev/shm as an error just the same, so the pass is not done twice.
+    if (!prefault) {
+      int err = posix_fallocate(fd_, static_cast<off_t>(size), static_cast<off_t>(bytes - size));
+      if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+        return ErrnoStatus(err, absl::StrCat("fallocate(", name_, ", ", bytes, ")"));
+      }
     }
     size = bytes;
   }
   const uint64_t old = mapping_->size();
   RETURN_IF_ERROR(MapSize(size));
-  if (prefault && size > old) return Prefault(0, size);
+  if (prefault && size > old) {
+    absl::Status s = Prefault(0, size);
+    if (!s.ok() && size > old_size && old_size > 0) {
+      // Keep no half-allocated growth behind (its pages would SIGBUS): map
+      // the old size again and give the rest back; a later save retries.
+      if (MapSize(old_size).ok()) (void)!ftruncate(fd_, static_cast<off_t>(old_size));
+    }
+    return s;
+  }
   return absl::OkStatus();
 }
 
@@ -142,16 +158,39 @@ absl::Status ShmSegment::Prefault(uint64_t offset, uint64_t len) {
   if (offset >= size || len == 0) return absl::OkStatus();
   len = std::min(len, size - offset);
   const uint64_t page = PageSize();
-  uint64_t begin = offset / page * page;
+  const uint64_t begin = offset / page * page;
   const uint64_t end = offset + len;  // madvise rounds the length up to a page
   uint8_t* base = mapping_->data();
-  if (madvise(base + begin, end - begin, MADV_POPULATE_WRITE) == 0) {
-    return absl::OkStatus();
-  }
-  // Older kernel (EINVAL): touch one byte per page. An atomic add of 0 writes
-  // the page (a write fault, so it is mapped writable) without changing data.
-  for (uint64_t p = begin; p < end; p += page) {
-    __atomic_fetch_add(base + p, static_cast<uint8_t>(0), __ATOMIC_RELAXED);
+  // In parallel: populating a fresh tmpfs range allocates and zeroes its
+  // pages, which costs more than the checkpoint copy itself (about 1 s per
+  // GiB on one thread).
+  constexpr uint64_t kParallelBytes = 64u << 20;
+  const int threads = end - begin >= kParallelBytes ? std::max(1, DefaultCopyThreads()) : 1;
+  const uint64_t per = ((end - begin) / static_cast<uint64_t>(threads) + page - 1) / page * page;
+  std::vector<int> errs(static_cast<size_t>(threads), 0);
+  auto populate = [&](int i) {
+    const uint64_t lo = begin + static_cast<uint64_t>(i) * per;
+    const uint64_t hi = std::min(end, lo + per);
+    if (lo >= hi) return;
+    if (madvise(base + lo, hi - lo, MADV_POPULATE_WRITE) == 0) return;
+    if (errno != EINVAL) {
+      errs[static_cast<size_t>(i)] = errno;
+      return;
+    }
+    // Older kernel: touch one byte per page. An atomic add of 0 writes the
+    // page (a write fault, so it is mapped writable) without changing data.
+    for (uint64_t p = lo; p < hi; p += page) __atomic_fetch_add(base + p, static_cast<uint8_t>(0), __ATOMIC_RELAXED);
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(populate, i);
+  populate(0);
+  for (std::thread& t : pool) t.join();
+  for (int err : errs) {
+    if (err == 0) continue;
+    // EFAULT: a page could not be allocated (the access would SIGBUS): /dev/shm is full.
+    return ErrnoStatus(err == EFAULT ? ENOSPC : err,
+                       absl::StrCat("populating ", end - begin, " bytes of shared memory ", name_,
+                                    err == EFAULT ? " (is /dev/shm full? see df -h /dev/shm)" : ""));
   }
   return absl::OkStatus();
 }

@@ -106,6 +106,7 @@ SlotStore::SlotStore(std::string name, bool owner, bool prefault)
     : name_(std::move(name)), owner_(owner), prefault_(prefault), pid_(getpid()) {}
 
 SlotStore::~SlotStore() {
+  if (grow_thread_.joinable()) grow_thread_.join();
   if (writer_ && block_ != nullptr) {
     int32_t me = pid_;
     block_->writer_pid.compare_exchange_strong(me, 0);
@@ -264,6 +265,24 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
         if (!s.ok()) {
           c.state.store(static_cast<uint32_t>(SlotState::kEmpty), std::memory_order_relaxed);
           return s;
+        }
+        // The next save would pay the same for its slot: grow the others now,
+        // in the background (it waits on mu_ until this save is under way).
+        bool others_smaller = false;
+        for (const auto& other : slots_) others_smaller = others_smaller || other->size() < want;
+        if (prefault_ && others_smaller && !growing_.load()) {
+          if (grow_thread_.joinable()) grow_thread_.join();  // finished: growing_ is false
+          growing_ = true;
+          grow_thread_ = std::thread([this, want] {
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              for (auto& other : slots_) {
+                // Best effort: a failure shows again, as an error, when a save needs the slot.
+                if (other->size() < want) (void)other->EnsureCapacity(want, /*prefault=*/true);
+              }
+            }
+            growing_ = false;
+          });
         }
       }
       w.mapping_ = seg.mapping();

@@ -47,7 +47,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
@@ -232,6 +234,11 @@ class SlotStore {
   ControlBlock* block_ = nullptr;
   mutable std::mutex mu_;  // guards the slot segments' mappings
   std::vector<std::unique_ptr<ShmSegment>> slots_ ABSL_GUARDED_BY(mu_);
+  // After a save grew its slot, the other slots are grown to the same size
+  // on this thread (holding mu_), while training goes on: the next save
+  // finds its slot sized and faulted. growing_ is true until it is done.
+  std::thread grow_thread_;
+  std::atomic<bool> growing_{false};
 
   friend class PinnedSlot;
 };
