@@ -305,7 +305,9 @@ EOF
     if [ "$(api /api/v1/namespaces/default/serviceaccounts/default)" = 200 ] &&
        [ "$(api /api/v1/namespaces/default/configmaps/kube-root-ca.crt)" = 200 ]; then ok=1; break; fi
     for n in kube-controller-manager kube-scheduler; do
-      pid_is "$n" "$(awk -v n=$n '$1==n{print $2}' "$DIR/pids")" || fail_start "$n exited"
+      # kill -0, not pid_is: right after launch the pid may still be the
+      # subshell that is about to exec the daemon (its cmdline says bash).
+      kill -0 "$(awk -v n=$n '$1==n{print $2}' "$DIR/pids")" 2>/dev/null || fail_start "$n exited"
     done
     sleep 0.05
   done
