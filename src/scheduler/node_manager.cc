@@ -97,29 +97,18 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
 }
 
 void NodeManager::Poll(bool job_finished) {
-  for (const NodeEvent& e : scheduler_->Poll()) {
+  const std::vector<NodeEvent> events = scheduler_->Poll();
+  // Where nodes run first: an exclusion below needs the host to avoid.
+  for (const NodeEvent& e : events) {
     auto r = rank_of_.find(e.name);
     if (r == rank_of_.end()) continue;
     if (!e.host.empty()) hosts_[e.name] = e.host;
     Slot& slot = slots_[r->second];
-    switch (e.kind) {
-      case NodeEvent::Kind::kStarted:
-        if (slot.name == e.name) slot.host = e.host;
-        break;
-      case NodeEvent::Kind::kExited:
-        Gone(e.name, absl::StrCat("its agent exited: ", e.status.Describe()), /*still_running=*/false, job_finished);
-        break;
-      case NodeEvent::Kind::kLost:
-        Gone(e.name, e.reason, /*still_running=*/true, job_finished);
-        break;
-      case NodeEvent::Kind::kPendingTooLong:
-        Event("NodePending",
-              absl::StrCat("node ", Describe(e.name), " has not started: ", e.reason,
-                           "; the job goes on with the nodes it has and takes this one in when it starts"),
-              true);
-        break;
-    }
+    if (e.kind == NodeEvent::Kind::kStarted && slot.name == e.name) slot.host = e.host;
   }
+  // Then what the master said, before what the scheduler saw next: an
+  // excluded node's agent exits at once, and its replacement must already
+  // avoid the bad host.
   std::vector<Notice> notices;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -139,6 +128,25 @@ void NodeManager::Poll(bool job_finished) {
     // its agent still runs (hung, partitioned): release it, then replace it.
     Gone(n.node_id, n.excluded ? absl::StrCat("excluded: ", n.reason) : n.reason, /*still_running=*/true,
          job_finished);
+  }
+  for (const NodeEvent& e : events) {
+    if (rank_of_.count(e.name) == 0) continue;
+    switch (e.kind) {
+      case NodeEvent::Kind::kStarted:
+        break;
+      case NodeEvent::Kind::kExited:
+        Gone(e.name, absl::StrCat("its agent exited: ", e.status.Describe()), /*still_running=*/false, job_finished);
+        break;
+      case NodeEvent::Kind::kLost:
+        Gone(e.name, e.reason, /*still_running=*/true, job_finished);
+        break;
+      case NodeEvent::Kind::kPendingTooLong:
+        Event("NodePending",
+              absl::StrCat("node ", Describe(e.name), " has not started: ", e.reason,
+                           "; the job goes on with the nodes it has and takes this one in when it starts"),
+              true);
+        break;
+    }
   }
 }
 

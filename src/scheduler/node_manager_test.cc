@@ -125,6 +125,20 @@ TEST(NodeManager, ExcludedNodesHostIsAvoidedByEveryLaterLaunch) {
   EXPECT_THAT(h.events[0], HasSubstr("NodeExcluded: node node-1 (node rank 1, host host-b) was excluded"));
 }
 
+TEST(NodeManager, ExclusionSeenWithTheAgentsExitStillAvoidsTheHost) {
+  // The excluded agent exits at once: the notice and the exit (and even the
+  // node's start) come in the same poll.
+  Harness h(2, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.sched.Started("node-1", "host-b");
+  h.sched.Exit("node-1", 1);
+  h.manager->OnNodeExcluded("node-1", "failed the pre-flight check");
+  h.manager->Poll(false);
+  ASSERT_EQ(h.sched.launched.size(), 3u);
+  EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
+  EXPECT_EQ(h.manager->replacements(), 1);
+}
+
 TEST(NodeManager, BudgetUsedUpStopsReplacingAndExhaustsWhenAllEnded) {
   Harness h(1, 1);
   ASSERT_TRUE(h.manager->Start().ok());

@@ -163,8 +163,16 @@ class Suite:
         self.kubectl("apply", "-f", os.path.join(ROOT, "deploy"))
         self.kubectl("-n", "ballast-system", "set", "env", "deployment/ballast-operator",
                      "BALLAST_MASTER_ADDRESS=pod-ip")
-        self.wait(lambda: self.running_pods("ballast-system", "app.kubernetes.io/name=ballast-operator"),
-                  120, "the operator pod Running")
+        # `set env` rolls the Deployment (Recreate): until the first pod is gone, the operator
+        # Running may still be the one without the env, reconciling jobs with Service names.
+        def only_the_new_operator():
+            pods = self.pods("ballast-system", "app.kubernetes.io/name=ballast-operator")
+            if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
+                return None
+            env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0].get("env", [])}
+            running = pods[0]["status"].get("phase") == "Running"
+            return pods if running and env.get("BALLAST_MASTER_ADDRESS") == "pod-ip" else None
+        self.wait(only_the_new_operator, 120, "the operator pod (with BALLAST_MASTER_ADDRESS=pod-ip) Running alone")
         self.installed = True
 
     def pods(self, ns, selector=""):
