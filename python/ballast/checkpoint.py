@@ -33,6 +33,8 @@ CheckpointCorruptError = _C.CheckpointCorruptError
 
 ENV_SHM = "BALLAST_CKPT_SHM"
 _DEFAULT_WAIT_S = 600.0
+# How long a load waits for the agent to copy in a peer node's replica (its fetch gives up after 30 s).
+_INCOMING_WAIT_S = 60.0
 # save(blocking=False) copies tensors smaller than this at the call: buffers
 # that forward updates in place (BatchNorm statistics) are small.
 _ASYNC_CLONE_BYTES = 1 << 20
@@ -391,6 +393,7 @@ class Checkpointer:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         self.wait_saved()
+        self._store.wait_incoming(_INCOMING_WAIT_S)  # the agent is the store's writer until then
         rank, world = self.rank_world()
         if not blocking:
             entries, keepalive = _tree.encode_state(
@@ -549,7 +552,9 @@ class Checkpointer:
         Memory is used when its step is the newest step that every rank holds
         (ranks agree through torch.distributed when it is initialized) and was
         saved by this rank in this world size; otherwise the latest complete
-        step on disk. ``last_load_source`` says which ("memory" or "disk").
+        step on disk. ``last_load_source`` says which ("memory", "replica":
+        memory that the agent of a replacement node copied in from a peer
+        node's replica, or "disk").
         Tensors come back on the CPU (or ``device``) and never alias the
         checkpoint's memory.
 
@@ -584,6 +589,9 @@ class Checkpointer:
             w = state["w"]   # torch.Tensor of shape (50, 8)
         """
         self.wait_saved()
+        if not self._store.wait_incoming(_INCOMING_WAIT_S):
+            warnings.warn(f"the agent's copy of this rank's replica did not finish in {_INCOMING_WAIT_S:.0f} s; "
+                          "loading without it")
         rank, world = self.rank_world()
         shards = _normalize_shards(shards)
         targets = _TargetIndex(into).targets
@@ -604,7 +612,7 @@ class Checkpointer:
         else:
             latest = _C.read_latest_step(self.dir)
             disk_step = -1 if latest is None else latest
-        mem_min, mem_max, disk_min, disk_max = mem_step, mem_step, disk_step, disk_step
+        mem_min, disk_min, disk_max = mem_step, disk_step, disk_step
         d = self._collective(world)
 
         def all_reduce_min(values):
@@ -615,9 +623,25 @@ class Checkpointer:
             return [int(x) for x in t]
 
         if d is not None:
-            mem_min, neg_max, disk_min, neg_disk_max = all_reduce_min([mem_step, -mem_step, disk_step, -disk_step])
-            mem_max, disk_max = -neg_max, -neg_disk_max
-        if mem_step >= 0 and mem_min == mem_max == mem_step and mem_step >= disk_max:
+            mem_min, disk_min, neg_disk_max = all_reduce_min([mem_step, disk_step, -disk_step])
+            disk_max = -neg_disk_max
+        # The newest step every rank holds: a rank whose newest step is newer
+        # (a replica lagging one save behind, a rank that saved once more
+        # before the failure) may still hold that step in its other slot.
+        if step is None and mem_min >= 0 and mem_min < mem_step and mem_min >= disk_max:
+            mem_img, snap, mem_step = None, None, -1
+            try:
+                snap = self._store.restore(step=mem_min, verify=False)
+                if snap is not None:
+                    mem_img = _Image(snap)
+                    if self._memory_usable(mem_img, rank, world, shards):
+                        mem_step = snap.step
+            except (CheckpointCorruptError, RuntimeError, ValueError):
+                mem_img, snap = None, None
+        held = 1 if mem_step >= 0 and mem_step == mem_min else 0
+        if d is not None and mem_min >= 0:
+            held = all_reduce_min([held])[0]
+        if held and mem_step >= disk_max:
             state, ok = None, 1
             try:
                 state = mem_img.materialize(device, shards_as_tensors=set(shards), verify=self.verify,
@@ -630,7 +654,9 @@ class Checkpointer:
             if d is not None:
                 ok = all_reduce_min([ok])[0]
             if ok:
-                self.last_load_source = "memory"
+                # A replacement node's agent copied this rank's step in from a
+                # peer node's replica.
+                self.last_load_source = "replica" if mem_img.source.startswith("replica:") else "memory"
                 return mem_step, state
         del mem_img, snap
         if disk_min < 0:

@@ -406,6 +406,13 @@ class PyStore {
     return PySnapshot(std::move(*snap), store);
   }
 
+  // Waits while the agent copies a peer's replica into this store; false on timeout.
+  bool WaitIncoming(double timeout_s) {
+    std::shared_ptr<ckpt::SlotStore> store = this->store();
+    py::gil_scoped_release release;
+    return store->WaitIncoming(timeout_s);
+  }
+
   std::optional<uint64_t> MemoryStep() {
     absl::StatusOr<ckpt::PinnedSlot> pin = store()->PinLatest();
     if (absl::IsNotFound(pin.status())) return std::nullopt;
@@ -685,6 +692,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"))
       .def("restore", &PyStore::Restore, py::arg("step") = py::none(), py::arg("verify") = true)
       .def("memory_step", &PyStore::MemoryStep)
+      .def("wait_incoming", &PyStore::WaitIncoming, py::arg("timeout_s"))
       .def("set_persist_config", &PyStore::SetPersistConfig, py::arg("dir"), py::arg("rank"),
            py::arg("world_size"), py::arg("keep"))
       .def("get_persist_config", &PyStore::GetPersistConfig)

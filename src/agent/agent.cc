@@ -227,7 +227,10 @@ Agent::~Agent() {
   if (client_) client_->Shutdown();
   if (workers_) workers_->Stop(0);
   // After the workers: the stores are unlinked here, and the persister thread
-  // must not outlive client_.
+  // must not outlive client_. The replica sender and fetches use the stores.
+  JoinReplicaFetches();
+  replica_sender_.reset();
+  replica_server_.reset();
   ckpt_.reset();
 }
 
@@ -256,6 +259,93 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   ckpt_->Start();
   spdlog::info("flash checkpoint: {} shared-memory stores {}-0..{} {}", ckpt_->num_stores(), po.name_prefix,
                ckpt_->num_stores() - 1, Fmt());
+  if (options_.run.ckpt_replicas <= 0) return;
+  auto server = ReplicaServer::Start(po.name_prefix, options_.token);
+  if (!server.ok()) {
+    spdlog::warn("flash checkpoint: no peer replicas: {} {}", server.status().ToString(), Fmt());
+    return;
+  }
+  replica_server_ = std::move(*server);
+  const std::string addr = Endpoint{options_.host, replica_server_->port()}.ToString();
+  if (absl::Status s = client_->KvSet(ReplicaEndpointKey(options_.node_id), addr); !s.ok()) {
+    spdlog::warn("flash checkpoint: cannot publish the replica channel {}: {}; no peer replicas {}", addr,
+                 s.ToString(), Fmt());
+    replica_server_.reset();
+    return;
+  }
+  std::vector<ckpt::SlotStore*> stores;
+  for (int lr = 0; lr < ckpt_->num_stores(); ++lr) stores.push_back(ckpt_->store(lr));
+  replica_sender_ = std::make_unique<ReplicaSender>(
+      options_.node_id, options_.token, std::move(stores),
+      [this](const std::string& k, const std::string& v) { return client_->KvSet(k, v); },
+      [this](const std::string& k) { return client_->KvGet(k, 0); });
+  spdlog::info("flash checkpoint: replicas of this node's steps go to the next {} node(s); replica channel {} {}",
+               options_.run.ckpt_replicas, addr, Fmt());
+}
+
+void Agent::RestoreReplicas(const v1::StartRound& start) {
+  JoinReplicaFetches();
+  if (replica_server_ == nullptr || ckpt_ == nullptr) return;
+  for (int lr = 0; lr < ckpt_->num_stores(); ++lr) {
+    ckpt::SlotStore* store = ckpt_->store(lr);
+    bool holds_a_step = false;
+    for (const ckpt::SlotInfo& info : store->Inspect()) holds_a_step |= info.state == ckpt::SlotState::kCommitted;
+    if (holds_a_step) continue;  // this node's own memory (or an earlier copy) decides
+    const int rank = start.rank_offset() + lr;
+    std::vector<ReplicaRecord> holders;
+    for (int k = 0; k < options_.run.ckpt_replicas; ++k) {
+      absl::StatusOr<std::string> value = client_->KvGet(ReplicaKey(rank, k), 0);
+      if (!value.ok()) continue;
+      absl::StatusOr<ReplicaRecord> rec = ReplicaRecord::FromKvValue(*value);
+      if (rec.ok() && rec->world == start.world_size() && rec->holder != options_.node_id) holders.push_back(*rec);
+    }
+    if (holders.empty()) continue;
+    // The copy runs while the workers start (a replacement node's first start
+    // is a cold one); their Checkpointer.load() waits for it.
+    store->SetIncoming(true);
+    replica_fetches_.emplace_back([store, rank, holders, token = options_.token, keys = Fmt()] {
+      for (const ReplicaRecord& rec : holders) {
+        const auto t0 = Clock::now();
+        absl::StatusOr<uint64_t> step = FetchReplica(rec.addr, token, rank, rec.step, store, /*timeout_s=*/30.0);
+        if (!step.ok()) {
+          spdlog::warn("flash checkpoint: cannot copy rank {}'s replica (step {}) from node {} ({}): {} {}", rank,
+                       rec.step, rec.holder, rec.addr, step.status().ToString(), keys);
+          continue;
+        }
+        uint64_t bytes = 0;
+        for (const ckpt::SlotInfo& info : store->Inspect()) {
+          if (info.state == ckpt::SlotState::kCommitted && info.step == *step) bytes = info.image_bytes;
+        }
+        spdlog::info("flash checkpoint: rank {} step {} copied from the replica on node {} ({:.1f} MB in {:.0f} ms) {}",
+                     rank, *step, rec.holder, static_cast<double>(bytes) / 1e6, SecondsSince(t0) * 1e3, keys);
+        break;
+      }
+      store->SetIncoming(false);
+    });
+  }
+}
+
+void Agent::JoinReplicaFetches() {
+  for (std::thread& t : replica_fetches_) t.join();
+  replica_fetches_.clear();
+}
+
+void Agent::SetReplicaPeers(const v1::StartRound& start) {
+  if (replica_sender_ == nullptr) return;
+  std::vector<const v1::RoundMember*> ring;
+  for (const v1::RoundMember& m : start.members()) ring.push_back(&m);
+  std::sort(ring.begin(), ring.end(),
+            [](const v1::RoundMember* a, const v1::RoundMember* b) { return a->group_rank() < b->group_rank(); });
+  std::vector<ReplicaPeer> peers;
+  const int n = static_cast<int>(ring.size());
+  int me = 0;
+  for (int i = 0; i < n; ++i) me = ring[i]->node_id() == options_.node_id ? i : me;
+  const int k_max = std::min(options_.run.ckpt_replicas, n - 1);
+  for (int k = 1; k <= k_max; ++k) {
+    const v1::RoundMember* m = ring[(me + k) % n];
+    if (m->node_id() != options_.node_id) peers.push_back({m->node_id(), ""});
+  }
+  replica_sender_->SetPeers(std::move(peers), start.rank_offset(), start.world_size());
 }
 
 std::string Agent::Fmt() const { return absl::StrCat("node=", options_.node_id, " round=", round_); }
@@ -662,6 +752,8 @@ void Agent::StartRound(const v1::StartRound& start) {
     chaos_kill_at_ns_ = round_started_ns_ + static_cast<uint64_t>(chaos_kill_after_s_ * 1e9);
   }
   next_progress_report_ns_ = round_started_ns_;
+  RestoreReplicas(start);
+  SetReplicaPeers(start);
   absl::Status s = workers_->Start(rs);
   if (!s.ok()) {
     report_start_failure(std::string(s.message()));

@@ -64,10 +64,11 @@ int RemoveStaleAgentShmObjects(const std::string& shm_dir) {
   int removed = 0;
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(shm_dir, ec)) {
-    // Checkpoint stores: ballast-<8 hex>-<pid>-<local rank>[.s<slot>];
+    // Checkpoint stores: ballast-<8 hex>-<pid>-<local rank>[.s<slot>], replica
+    // stores ballast-<8 hex>-<pid>-r<source rank>[.s<slot>];
     // progress cells (progress_monitor.h): ballast-progress-<pid>.
     static const std::regex kAgentObject(
-        "ballast-(?:[0-9a-f]{8}-([0-9]{1,9})-[0-9]+(?:\\.s[0-9]+)?|progress-([0-9]{1,9}))");
+        "ballast-(?:[0-9a-f]{8}-([0-9]{1,9})-r?[0-9]+(?:\\.s[0-9]+)?|progress-([0-9]{1,9}))");
     const std::string name = de.path().filename().string();
     std::smatch m;
     if (!std::regex_match(name, m, kAgentObject)) continue;

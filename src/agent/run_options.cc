@@ -229,6 +229,14 @@ const std::map<std::string, FlagDef>& FlagTable() {
           return absl::OkStatus();
         }}},
       {"--role", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->role = v; return absl::OkStatus(); }}},
+      {"--ckpt-replicas",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          if (!absl::SimpleAtoi(v, &o->ckpt_replicas) || o->ckpt_replicas < 0 || o->ckpt_replicas > 8) {
+            return FlagError(f, absl::StrCat("'", v, "' is not a replica count 0..8 (0 turns replicas off)"));
+          }
+          return absl::OkStatus();
+        }}},
       {"--no-warm-restart",
        {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->warm_restart = false; return absl::OkStatus(); }}},
       {"--warm-modules",
@@ -422,6 +430,9 @@ Workers:
                             warm one per local rank (torch already imported) waits
                             for the next (re)start
   --warm-modules M,...      modules warm interpreters import besides torch
+  --ckpt-replicas K         copy each rank's newest flash checkpoint step to the
+                            next K nodes' memory, so a replacement node restores
+                            from a peer instead of disk [1; 0: off]
   --monitor-interval S      how often workers are checked [0.05]
   --hang-timeout S          a worker whose `ballast.step()` progress stops for S seconds
                             is hung: its Python stacks are logged and the workers

@@ -42,6 +42,7 @@ struct RunOptions {
   std::string token;                   // --token or BALLAST_TOKEN
   std::string python = "python3";      // --python INTERPRETER
   bool warm_restart = true;            // --no-warm-restart turns it off (see warm_pool.h)
+  int ckpt_replicas = 1;               // --ckpt-replicas K: peer nodes holding each rank's newest step (replica.h)
   std::vector<std::string> warm_modules;  // --warm-modules a,b: imported by warm interpreters besides torch
   std::string training_script;         // script, module, or program
   std::vector<std::string> training_args;

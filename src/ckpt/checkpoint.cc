@@ -207,8 +207,10 @@ absl::StatusOr<Snapshot> RestoreFromShm(SlotStore* store, const RestoreOptions& 
   absl::StatusOr<PinnedSlot> pinned =
       options.step.has_value() ? store->PinStep(*options.step) : store->PinLatest();
   if (!pinned.ok()) return pinned.status();
+  // "replica:" marks a step the agent copied in from a peer node's replica.
   const std::string source =
-      absl::StrCat("shm:", SlotStore::SlotName(store->name(), pinned->slot()));
+      absl::StrCat(pinned->origin() == SlotOrigin::kReplica ? "replica:" : "", "shm:",
+                   SlotStore::SlotName(store->name(), pinned->slot()));
   ParseOptions parse;
   parse.verify_data = false;  // verified below, in parallel
   parse.exact_size = true;

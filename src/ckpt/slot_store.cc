@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -26,6 +27,7 @@ struct alignas(64) SlotControl {
   // Larger = committed later; picks the newest committed slot.
   std::atomic<uint64_t> commit_order;
   std::atomic<uint32_t> state;  // SlotState
+  std::atomic<uint32_t> origin;  // SlotOrigin of the committed image
   // Reader pins: 0 = free, else the pid of the reader.
   std::atomic<int32_t> pins[SlotStore::kPinCells];
 };
@@ -59,12 +61,14 @@ struct ControlBlock {
   std::atomic<uint64_t> commit_counter;
   SlotControl slots[SlotStore::kMaxSlots];
   PersistChannel persist;
+  // The agent copying a replica in (SetIncoming): readers wait for it.
+  std::atomic<int32_t> incoming_pid;
 };
 
 namespace {
 
 constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
-constexpr uint32_t kControlVersion = 3;
+constexpr uint32_t kControlVersion = 4;
 constexpr uint64_t kControlBytes = 4096;
 constexpr uint64_t kGrowGranularity = 2u << 20;
 
@@ -90,6 +94,7 @@ PinnedSlot& PinnedSlot::operator=(PinnedSlot&& other) noexcept {
     pin_cell_ = other.pin_cell_;
     step_ = other.step_;
     image_bytes_ = other.image_bytes_;
+    origin_ = other.origin_;
     mapping_ = std::move(other.mapping_);
   }
   return *this;
@@ -192,6 +197,29 @@ absl::Status SlotStore::AcquireWriter() {
   return absl::OkStatus();
 }
 
+void SlotStore::SetIncoming(bool incoming) { block_->incoming_pid.store(incoming ? pid_ : 0); }
+
+bool SlotStore::incoming() const {
+  const int32_t pid = block_->incoming_pid.load();
+  return pid != 0 && ProcessAlive(pid);
+}
+
+bool SlotStore::WaitIncoming(double timeout_s) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (incoming()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+void SlotStore::ReleaseWriter() {
+  if (!writer_) return;
+  int32_t me = pid_;
+  block_->writer_pid.compare_exchange_strong(me, 0);
+  writer_ = false;
+}
+
 bool SlotStore::HasLivePin(SlotControl& c) {
   bool live = false;
   for (auto& cell : c.pins) {
@@ -206,7 +234,7 @@ bool SlotStore::HasLivePin(SlotControl& c) {
   return live;
 }
 
-absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_bytes) {
+absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others) {
   RETURN_IF_ERROR(AcquireWriter());
   // Rank candidates: slots that are not the newest committed one first
   // (empty or torn before committed, older commits before newer), the newest
@@ -270,7 +298,7 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
         // in the background (it waits on mu_ until this save is under way).
         bool others_smaller = false;
         for (const auto& other : slots_) others_smaller = others_smaller || other->size() < want;
-        if (prefault_ && others_smaller && !growing_.load()) {
+        if (grow_others && prefault_ && others_smaller && !growing_.load()) {
           if (grow_thread_.joinable()) grow_thread_.join();  // finished: growing_ is false
           growing_ = true;
           grow_thread_ = std::thread([this, want] {
@@ -294,7 +322,7 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
       "' is pinned by a reader (persisting or restoring); save of step ", step, " skipped"));
 }
 
-absl::Status SlotStore::Commit(SlotWrite* w, uint64_t image_bytes) {
+absl::Status SlotStore::Commit(SlotWrite* w, uint64_t image_bytes, SlotOrigin origin) {
   if (w == nullptr || w->slot_ < 0) return absl::FailedPreconditionError("no save in progress");
   if (image_bytes > w->capacity()) {
     return absl::InvalidArgumentError("image larger than the slot");
@@ -306,6 +334,7 @@ absl::Status SlotStore::Commit(SlotWrite* w, uint64_t image_bytes) {
   c.image_bytes.store(image_bytes, std::memory_order_relaxed);
   c.commit_order.store(block_->commit_counter.fetch_add(1) + 1, std::memory_order_relaxed);
   c.state.store(static_cast<uint32_t>(SlotState::kCommitted), std::memory_order_relaxed);
+  c.origin.store(static_cast<uint32_t>(origin), std::memory_order_relaxed);
   c.seq.store(w->seq_ + 1, std::memory_order_release);
   w->slot_ = -1;
   w->mapping_.reset();
@@ -330,6 +359,7 @@ absl::StatusOr<PinnedSlot> SlotStore::Pin(std::optional<uint64_t> want_step) {
     // consistent read of each slot's control fields.
     int best = -1;
     uint64_t best_order = 0, best_seq = 0, best_step = 0, best_bytes = 0;
+    uint32_t best_origin = 0;
     for (int i = 0; i < num_slots_; ++i) {
       SlotControl& c = slot_control(i);
       const uint64_t s1 = c.seq.load(std::memory_order_acquire);
@@ -338,6 +368,7 @@ absl::StatusOr<PinnedSlot> SlotStore::Pin(std::optional<uint64_t> want_step) {
       const uint64_t step = c.step.load(std::memory_order_relaxed);
       const uint64_t bytes = c.image_bytes.load(std::memory_order_relaxed);
       const uint64_t order = c.commit_order.load(std::memory_order_relaxed);
+      const uint32_t origin = c.origin.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (c.seq.load(std::memory_order_relaxed) != s1) continue;
       if (state != static_cast<uint32_t>(SlotState::kCommitted)) continue;
@@ -348,6 +379,7 @@ absl::StatusOr<PinnedSlot> SlotStore::Pin(std::optional<uint64_t> want_step) {
         best_seq = s1;
         best_step = step;
         best_bytes = bytes;
+        best_origin = origin;
       }
     }
     if (best < 0) {
@@ -378,6 +410,7 @@ absl::StatusOr<PinnedSlot> SlotStore::Pin(std::optional<uint64_t> want_step) {
     pin.pin_cell_ = cell;
     pin.step_ = best_step;
     pin.image_bytes_ = best_bytes;
+    pin.origin_ = static_cast<SlotOrigin>(best_origin);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ShmSegment& seg = *slots_[best];
@@ -420,6 +453,7 @@ std::vector<SlotInfo> SlotStore::Inspect() const {
     info.step = c.step.load();
     info.image_bytes = c.image_bytes.load();
     info.commit_order = c.commit_order.load();
+    info.origin = static_cast<SlotOrigin>(c.origin.load());
     info.capacity = slots_[i]->size();
     for (auto& p : c.pins) {
       if (int32_t pid = p.load(); pid != 0) info.pins.push_back(pid);

@@ -97,6 +97,11 @@ struct PersistError {
 
 enum class SlotState : uint32_t { kEmpty = 0, kWriting = 1, kCommitted = 2 };
 
+// Who produced a committed image: the store's own writer saving its state, or
+// the agent copying in a peer node's replica of this rank (a replacement node
+// restoring state it never saved itself).
+enum class SlotOrigin : uint32_t { kSaved = 0, kReplica = 1 };
+
 // What Inspect() reports about one slot (a racy snapshot, for logs and tests).
 struct SlotInfo {
   int slot = 0;
@@ -105,6 +110,7 @@ struct SlotInfo {
   uint64_t step = 0;
   uint64_t image_bytes = 0;
   uint64_t commit_order = 0;
+  SlotOrigin origin = SlotOrigin::kSaved;
   uint64_t capacity = 0;
   std::vector<pid_t> pins;
 };
@@ -142,6 +148,7 @@ class PinnedSlot {
   uint64_t step() const { return step_; }
   const uint8_t* image() const { return mapping_->data(); }
   uint64_t image_bytes() const { return image_bytes_; }
+  SlotOrigin origin() const { return origin_; }
   // Keeps the mapping alive as long as the caller holds it.
   const std::shared_ptr<Mapping>& mapping() const { return mapping_; }
   bool valid() const { return store_ != nullptr; }
@@ -154,6 +161,7 @@ class PinnedSlot {
   int pin_cell_ = -1;
   uint64_t step_ = 0;
   uint64_t image_bytes_ = 0;
+  SlotOrigin origin_ = SlotOrigin::kSaved;
   std::shared_ptr<Mapping> mapping_;
 };
 
@@ -173,13 +181,27 @@ class SlotStore {
 
   // Writer: picks a slot for `step` (see the header comment), grows it to
   // image_bytes, and marks it writing. kFailedPrecondition if another live
-  // process is the writer; kUnavailable if every slot is pinned.
-  absl::StatusOr<SlotWrite> BeginSave(uint64_t step, uint64_t image_bytes);
+  // process is the writer; kUnavailable if every slot is pinned. A save that
+  // grew its slot grows the other slots in the background (holding the
+  // mappings' lock, so a Pin waits for it) unless grow_others is false: a
+  // replica copied in just before the worker restores it.
+  absl::StatusOr<SlotWrite> BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others = true);
   // Publishes the slot: image[0, image_bytes) must hold a complete image whose
   // header is written. After Commit returns, readers see this step.
-  absl::Status Commit(SlotWrite* write, uint64_t image_bytes);
+  absl::Status Commit(SlotWrite* write, uint64_t image_bytes, SlotOrigin origin = SlotOrigin::kSaved);
   // Gives up a write; the slot becomes empty.
   void Abort(SlotWrite* write);
+  // Stops being the writer (no write in progress), so another process can
+  // take the role: the agent, after copying a replica in, before the worker
+  // that saves next starts.
+  void ReleaseWriter();
+  // The agent marks a store whose step it is copying in from a peer's
+  // replica while the worker starts; the worker's load waits for it (a
+  // marker left by a dead process does not count).
+  void SetIncoming(bool incoming);
+  bool incoming() const;
+  // Waits until !incoming(); false on timeout.
+  bool WaitIncoming(double timeout_s) const;
 
   // Reader: pins the newest committed slot (kNotFound when none), or the slot
   // holding `step`.

@@ -55,6 +55,7 @@ struct LaunchFlags {
   std::string redirects;
   std::string role;
   double hang_timeout_s = 0;
+  int ckpt_replicas = 1;
   std::vector<std::string> script_and_args;
 };
 
@@ -72,6 +73,7 @@ std::vector<std::string> AgentArgv(const LaunchFlags& f, const std::string& endp
   if (!f.redirects.empty()) argv.insert(argv.end(), {"--redirects", f.redirects});
   if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
   if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
+  if (f.ckpt_replicas != 1) argv.insert(argv.end(), {"--ckpt-replicas", std::to_string(f.ckpt_replicas)});
   argv.insert(argv.end(), f.script_and_args.begin(), f.script_and_args.end());
   return argv;
 }
@@ -111,6 +113,10 @@ int LaunchCommand(const Args& args) {
   app.add_option("--hang-timeout,--hang_timeout", f.hang_timeout_s,
                  "Restart workers whose ballast.step() progress stops for this many seconds (0: off)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--ckpt-replicas,--ckpt_replicas", f.ckpt_replicas,
+                 "Copy each rank's newest flash checkpoint step to the next K nodes' memory (0: off)")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
   app.prefix_command();  // everything from the script on belongs to the script
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
   f.script_and_args = app.remaining();

@@ -194,7 +194,7 @@ absl::StatusOr<std::vector<std::string>> ResolveNumeric(const std::string& host)
   return out;
 }
 
-absl::Status CheckTcpConnect(const std::string& host, int port, double timeout_s) {
+absl::StatusOr<int> ConnectTcp(const std::string& host, int port, double timeout_s) {
   auto addrs = Resolve(host, port, SOCK_STREAM);
   if (!addrs.ok()) return addrs.status();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -229,10 +229,17 @@ absl::Status CheckTcpConnect(const std::string& host, int port, double timeout_s
         continue;
       }
     }
-    close(fd);
-    return absl::OkStatus();
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
   }
   return absl::UnavailableError(absl::StrCat("cannot connect to ", Endpoint{host, port}.ToString(), ": ", last_error));
+}
+
+absl::Status CheckTcpConnect(const std::string& host, int port, double timeout_s) {
+  absl::StatusOr<int> fd = ConnectTcp(host, port, timeout_s);
+  if (!fd.ok()) return fd.status();
+  close(*fd);
+  return absl::OkStatus();
 }
 
 bool ResolvesToLocalNonLoopback(const std::string& host) {
@@ -268,7 +275,7 @@ std::string InterfaceWithAddress(const std::string& addr) {
   return name;
 }
 
-absl::StatusOr<std::unique_ptr<ProbeListener>> ProbeListener::Start() {
+absl::StatusOr<int> ListenTcpAny(int* port, const std::string& what) {
   int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
   bool v6 = fd >= 0;
   if (v6) {
@@ -284,27 +291,34 @@ absl::StatusOr<std::unique_ptr<ProbeListener>> ProbeListener::Start() {
   }
   if (!v6) {
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::InternalError(absl::StrCat("probe listener: socket: ", std::strerror(errno)));
+    if (fd < 0) return absl::InternalError(absl::StrCat(what, ": socket: ", std::strerror(errno)));
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_ANY);
     if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
       int e = errno;
       close(fd);
-      return absl::UnavailableError(absl::StrCat("probe listener: bind: ", std::strerror(e)));
+      return absl::UnavailableError(absl::StrCat(what, ": bind: ", std::strerror(e)));
     }
   }
   if (listen(fd, 128) != 0) {
     int e = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("probe listener: listen: ", std::strerror(e)));
+    return absl::UnavailableError(absl::StrCat(what, ": listen: ", std::strerror(e)));
   }
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  int port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  return std::unique_ptr<ProbeListener>(new ProbeListener(fd, port));
+  *port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                   : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<ProbeListener>> ProbeListener::Start() {
+  int port = 0;
+  absl::StatusOr<int> fd = ListenTcpAny(&port, "probe listener");
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<ProbeListener>(new ProbeListener(*fd, port));
 }
 
 ProbeListener::ProbeListener(int fd, int port) : fd_(fd), port_(port) {

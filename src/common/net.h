@@ -52,6 +52,14 @@ absl::StatusOr<std::vector<std::string>> ResolveNumeric(const std::string& host)
 // timed out), each naming host and port.
 absl::Status CheckTcpConnect(const std::string& host, int port, double timeout_s);
 
+// Connects to host:port over TCP within timeout_s: the connected (blocking)
+// socket, which the caller closes; errors as CheckTcpConnect's.
+absl::StatusOr<int> ConnectTcp(const std::string& host, int port, double timeout_s);
+
+// A TCP socket listening on every address (IPv6 dual stack where available)
+// on a port the kernel picks (*port); `what` names it in errors.
+absl::StatusOr<int> ListenTcpAny(int* port, const std::string& what);
+
 // Whether `host` (e.g. this machine's name) resolves to an address of this
 // machine that is not loopback: what gloo needs of the host name to pick a
 // network interface by itself (it falls back to loopback otherwise).

@@ -61,6 +61,9 @@ class AsyncSave(TestCase):
             def save(self, step, entries):
                 raise RuntimeError("shared memory is full")
 
+            def wait_incoming(self, timeout_s):
+                return True
+
         real = ckpt._res.store
         ckpt._res.store = Failing()
         try:

@@ -25,9 +25,13 @@ dist.barrier()
 load()                                                  # both hold 1 in memory
 if rank == 0:
     ckpt.save(2, {"v": torch.tensor(20)})               # only rank 0 has step 2
-load()                                                  # disagree -> disk step 1
+load()                                                  # both still hold 1 -> memory step 1
 ckpt.save(3, {"v": torch.tensor(30 + rank)})
 load()                                                  # both hold 3 -> memory
+if rank == 0:
+    ckpt.save(4, {"v": torch.tensor(40)})               # rank 0 holds 3 and 4,
+    ckpt.save(5, {"v": torch.tensor(50)})               # then 4 and 5: no step in common
+load()                                                  # -> disk step 1
 json.dump(log, open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w"))
 dist.destroy_process_group()
 """
@@ -40,7 +44,7 @@ def free_port():
 
 
 class Distributed(TestCase):
-    def test_ranks_use_memory_only_when_all_hold_the_newest_step(self):
+    def test_ranks_use_the_newest_step_all_hold_in_memory_else_disk(self):
         port = free_port()
         procs = []
         for rank in range(2):
@@ -57,8 +61,9 @@ class Distributed(TestCase):
             self.assertEqual(log, [
                 [None, None, None],
                 [1, "memory", 10 + rank],
-                [1, "disk", 10 + rank],
+                [1, "memory", 10 + rank],
                 [3, "memory", 30 + rank],
+                [1, "disk", 10 + rank],
             ])
 
 

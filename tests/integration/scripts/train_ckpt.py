@@ -14,6 +14,7 @@ Events (JSON lines) go to <out>/rank<RANK>.jsonl; the final model state to
 <out>/final-rank<RANK>.pt.
 """
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -32,6 +33,9 @@ p.add_argument("--ckpt", required=True)
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
+p.add_argument("--kill-node-step", type=int, default=-1,
+               help="at this step (first attempt) --kill-rank's whole node is lost: its agent is "
+                    "SIGKILLed and its shared memory removed, after the step was saved everywhere")
 p.add_argument("--step-time", type=float, default=0.02)
 args = p.parse_args()
 
@@ -129,6 +133,19 @@ for step in range(start, args.steps):
     kill_now = step == args.kill_step and restart == 0
     ckpt.save(step, state, persist=not kill_now)
     log("step", step=step, loss=float(loss), sha256=weights_sha256(), momentum=momentum_sha256())
+    if step == args.kill_node_step and restart == 0:
+        dist.barrier()
+        time.sleep(1.0)  # the agents copy the step to their peers meanwhile (milliseconds)
+        dist.barrier()
+        if rank == args.kill_rank:
+            log("kill-node", step=step)
+            # A lost host: its memory goes with it (every store of this agent,
+            # and the replicas it held for others).
+            prefix = os.environ["BALLAST_CKPT_SHM"].rsplit("-", 1)[0]
+            for path in glob.glob("/dev/shm" + prefix + "-*"):
+                os.unlink(path)
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
     if kill_now:
         # Every rank holds this step in memory (and only there) before the kill.
         dist.barrier()

@@ -1,0 +1,137 @@
+"""Goodput under failures: the share of wall time that trained the model.
+
+A job of STEPS steps of --step-time seconds of simulated accelerator compute
+(bench/goodput_train.py: DDP on gloo, 1 node x --nproc workers, --state-mb
+MiB of state per rank) has a worker SIGKILLed after about every --kill-every
+seconds of compute. Goodput = STEPS x step_time / (launch -> job done), so
+start-up, checkpoint stalls, recovery and recomputed steps all count as lost.
+
+Systems, same script, same machine, one after the other:
+  ballast (warm restart, overlapped flash save every step, persisted every 10)
+  torch's elastic agent (elastic_launch, monitor_interval 0.1) with
+      torch.save every --torch-every steps
+Each is also run without failures (--no-clean skips that). Not a test: the
+numbers go into notes and docs.
+
+usage: goodput_bench.py [--ballast build/bin/ballast] [--steps 500] [--step-time 0.36]
+                        [--state-mb 64] [--kill-every 60] [--nproc 2] [--json FILE]
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from train_events import read_events  # noqa: E402
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run(cmd, script_flags, a, kills, env=None):
+    """Runs one job; SIGKILLs the newest worker of the last rank each time the
+    job's newest step passes the next kill step. Returns the measurements."""
+    out = tempfile.mkdtemp(prefix="ballast-goodput-")
+    ckpt = os.path.join(out, "ckpt")
+    script = [os.path.join(HERE, "goodput_train.py"), "--out", out, "--ckpt-dir", ckpt, "--steps", str(a.steps),
+              "--step-time", str(a.step_time), "--state-mb", str(a.state_mb)] + script_flags
+    kill_every_steps = max(1, int(a.kill_every / a.step_time))
+    pending = [kill_every_steps * (i + 1) for i in range(kills)]
+    victim_rank = a.nproc - 1
+    log = open(os.path.join(out, "launcher.log"), "w")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd + script, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    kill_times = []
+    try:
+        while proc.poll() is None:
+            if time.time() - t0 > a.timeout:
+                raise RuntimeError(f"timed out; see {out}/launcher.log")
+            if pending:
+                evs = read_events(out, victim_rank)
+                steps = [e["step"] for e in evs if e["event"] == "step"]
+                if steps and steps[-1] >= pending[0]:
+                    pid = [e for e in evs if e["event"] == "start"][-1]["pid"]
+                    os.kill(pid, signal.SIGKILL)
+                    kill_times.append(time.time() - t0)
+                    pending.pop(0)
+            time.sleep(0.02)
+        wall = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"job exited {proc.returncode}; see {out}/launcher.log")
+    evs0 = read_events(out, 0)
+    starts = [e for e in evs0 if e["event"] == "start"]
+    first_step = next(e["t"] for e in evs0 if e["event"] == "step") - t0
+    steps_run = sum(1 for e in evs0 if e["event"] == "step")
+    return {"wall_s": wall, "goodput": a.steps * a.step_time / wall, "kills": len(kill_times),
+            "starts": len(starts), "steps_run": steps_run, "redone_steps": steps_run - a.steps,
+            "first_step_s": first_step, "loads": [(s["step"], s["source"], round(s["load_s"], 3)) for s in starts],
+            "out": out}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ballast", default=os.path.join(ROOT, "build", "bin", "ballast"))
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--step-time", type=float, default=0.36)
+    p.add_argument("--state-mb", type=int, default=64)
+    p.add_argument("--kill-every", type=float, default=60.0)
+    p.add_argument("--torch-every", type=int, default=10)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--no-clean", action="store_true", help="skip the failure-free runs")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    compute = a.steps * a.step_time
+    kills = max(0, int(compute / a.kill_every - 1e-9))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        x for x in (os.path.join(ROOT, "build", "python"), os.environ.get("PYTHONPATH")) if x), OMP_NUM_THREADS="1")
+    systems = {
+        "ballast (warm restart, overlapped flash save every step)":
+            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
+                     "--max-restarts", str(kills + 2)],
+        f"torch elastic_launch (monitor 0.1 s) + torch.save every {a.torch_every} steps":
+            lambda: [PY, os.path.join(HERE, "torch_elastic_baseline.py"), "--nproc-per-node", str(a.nproc),
+                     "--monitor-interval", "0.1", "--max-restarts", str(kills + 2), "--port", str(free_port())],
+    }
+    print(f"goodput bench: {a.steps} steps x {a.step_time} s = {compute:.0f} s of compute, {a.state_mb} MiB of "
+          f"state per rank, 1 node x {a.nproc}, {kills} worker kill(s) (one per {a.kill_every:.0f} s of compute)",
+          flush=True)
+    results = {}
+    for name, cmd in systems.items():
+        flags = ["--ckpt", "ballast"] if name.startswith("ballast") else ["--ckpt", "torch", "--torch-every",
+                                                                          str(a.torch_every)]
+        rows = {}
+        for label, k in (("failures", kills),) + ((("clean", 0),) if not a.no_clean else ()):
+            r = run(cmd(), flags, a, k, env=env)
+            rows[label] = r
+            print(f"{name:70s} {label:8s} goodput {r['goodput']:.3f}  wall {r['wall_s']:6.1f} s  kills {r['kills']}  "
+                  f"redone steps {r['redone_steps']:3d}  first step {r['first_step_s']:.1f} s  loads {r['loads']}",
+                  flush=True)
+        results[name] = rows
+    names = list(results)
+    ratio = results[names[0]]["failures"]["goodput"] / results[names[1]]["failures"]["goodput"]
+    print(f"ballast / torch goodput with failures: {ratio:.2f}x", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

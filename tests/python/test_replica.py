@@ -1,0 +1,93 @@
+"""In-memory replicas on peer nodes under `ballast launch`: 3 nodes x 2
+workers of real DDP (gloo), a flash checkpoint every step, and node rank 1
+lost mid-training (its agent SIGKILLed, its shared memory removed: a lost
+host). Launch starts a replacement agent; before its workers start it copies
+ranks 2 and 3's newest step from the replica node rank 2 holds, so the
+replacement's workers load from memory ("replica") and every other rank from
+its own memory: no rank reads the disk, and the final weights are bit for bit
+those of an uninterrupted run (train_ckpt.py reduces gradients parameter by
+parameter, so a restarted world computes what an uninterrupted one does).
+
+The same with --ckpt-replicas 0: the replacement has nothing in memory, so
+every rank loads from disk (the choice is one for the whole world), with the
+same final weights.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import unittest
+
+from _util import TestCase
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
+PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
+SCRIPT = os.path.join(HERE, "../integration/scripts/train_ckpt.py")
+WORLD, STEPS, KILL_STEP = 6, 10, 4
+
+
+def events(out, rank, kind):
+    path = os.path.join(out, f"rank{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in (json.loads(line) for line in f if line.strip()) if e["event"] == kind]
+
+
+@unittest.skipUnless(os.access(BIN, os.X_OK), f"no ballast binary at {BIN} (set BALLAST_BIN)")
+class PeerReplicas(TestCase):
+    def launch(self, out, *extra, kill=True):
+        os.makedirs(out)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        argv = [BIN, "launch", "--python", PYTHON, "--nodes", "3", "--nproc-per-node", "2",
+                "--max-restarts", "2", *extra, SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"),
+                "--steps", str(STEPS), "--step-time", "0.05"]
+        if kill:
+            argv += ["--kill-node-step", str(KILL_STEP), "--kill-rank", "2"]
+        p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=240)
+        self.assertEqual(p.returncode, 0, p.stdout[-6000:])
+        return p.stdout
+
+    def final_hashes(self, out):
+        return {r: events(out, r, "done")[-1]["sha256"] for r in range(WORLD) if events(out, r, "done")}
+
+    def test_replacement_node_loads_from_the_peer_replica_and_matches_an_uninterrupted_run(self):
+        ref = os.path.join(self.tmp, "ref")
+        self.launch(ref, kill=False)
+        want = self.final_hashes(ref)
+        self.assertEqual(len(want), WORLD)
+
+        out = os.path.join(self.tmp, "run")
+        log = self.launch(out)
+        self.assertEqual(len(events(out, 2, "kill-node")), 1, log[-4000:])
+        self.assertIn("replicas of this node's steps go to the next 1 node(s)", log)
+        for rank in (2, 3):
+            self.assertRegex(log, rf"rank {rank} step {KILL_STEP} copied from the replica on node node-2")
+        for rank in range(WORLD):
+            loads = events(out, rank, "load")
+            self.assertEqual(loads[-1]["step"], KILL_STEP, f"rank {rank}: {loads}\n{log[-4000:]}")
+            want_source = "replica" if rank in (2, 3) else "memory"
+            self.assertEqual(loads[-1]["source"], want_source, f"rank {rank}: {loads}\n{log[-4000:]}")
+        self.assertEqual(self.final_hashes(out), want)
+        # The replacement (node-1-2) is a new agent: its stores are new names.
+        starts = events(out, 2, "start")
+        self.assertEqual(len(starts), 2)
+        self.assertNotEqual(starts[0]["shm"], starts[1]["shm"])
+        # Every agent unlinked its stores and its replica stores.
+        self.assertEqual(glob.glob("/dev/shm" + starts[1]["shm"].rsplit("-", 1)[0] + "-*"), [])
+
+    def test_without_replicas_the_whole_world_loads_from_disk(self):
+        out = os.path.join(self.tmp, "norep")
+        log = self.launch(out, "--ckpt-replicas", "0")
+        self.assertNotIn("copied from the replica", log)
+        for rank in range(WORLD):
+            loads = events(out, rank, "load")
+            self.assertEqual(loads[-1]["source"], "disk", f"rank {rank}: {loads}")
+        self.assertEqual(len(self.final_hashes(out)), WORLD)
+
+
+if __name__ == "__main__":
+    unittest.main()
