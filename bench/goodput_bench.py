@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,14 +30,7 @@ ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_events import read_events  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from recovery_bench import free_port  # noqa: E402  (same directory)
 
 
 def run(cmd, script_flags, a, kills, env=None):

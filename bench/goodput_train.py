@@ -10,6 +10,7 @@ stays free, as it is while a GPU computes), checkpointed one of two ways:
                   (step-<N>/rank<R>.pt, temp + rename, `latest` written by
                   rank 0 after a barrier), torch.load on restart: what a
                   script run under torch's elastic agent does.
+  --ckpt none     no checkpoint (the floor: what the job costs without one).
 
 Events go to <out>/rank<R>.jsonl (examples/train_events.py).
 """
@@ -29,7 +30,7 @@ from train_events import append_event as log  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--ckpt-dir", required=True)
-p.add_argument("--ckpt", choices=("ballast", "torch"), required=True)
+p.add_argument("--ckpt", choices=("ballast", "torch", "none"), required=True)
 p.add_argument("--steps", type=int, default=500)
 p.add_argument("--step-time", type=float, default=0.36)
 p.add_argument("--state-mb", type=int, default=64)
@@ -52,7 +53,7 @@ def state():
     return {"model": model.state_dict(), "opt": opt.state_dict(), "big": big}
 
 
-start = 0
+start, source = 0, None
 t_load = time.time()
 if a.ckpt == "ballast":
     import ballast
@@ -63,7 +64,7 @@ if a.ckpt == "ballast":
         opt.load_state_dict(st["opt"])
         start = step + 1
     source = ckpt.last_load_source
-else:
+elif a.ckpt == "torch":
     latest = os.path.join(a.ckpt_dir, "latest")
     source = None
     if os.path.exists(latest):
@@ -88,7 +89,7 @@ for step in range(start, a.steps):
     big[lo:lo + CHUNK] += 1.0  # the per-rank state changes every step
     if a.ckpt == "ballast":
         ckpt.save(step, state(), persist=(step + 1) % a.persist_every == 0, blocking=False)
-    elif (step + 1) % a.torch_every == 0:
+    elif a.ckpt == "torch" and (step + 1) % a.torch_every == 0:
         d = os.path.join(a.ckpt_dir, f"step-{step}")
         os.makedirs(d, exist_ok=True)
         tmp = os.path.join(d, f"rank{rank}.pt.tmp")

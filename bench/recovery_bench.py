@@ -23,7 +23,11 @@ the default, and cold with --no-warm-restart), for torch's own elastic
 agent (see torch_elastic_baseline.py) and for DLRover. The kill comes at
 step 40 (2 s of training at 0.05 s a step), once a warm agent has its
 interpreters for the next restart ready, as in a real job that fails minutes
-in. Prints a table and writes JSON with --json. Not a test: numbers go into notes and docs.
+in. With --hang S the last rank hangs at step 40 instead (Ballast detects it
+with --hang-timeout S; torch's agent and DLRover have no hang detection of
+their own here, so the script's gloo collectives get a timeout of S and the
+surviving rank's failure restarts them); the time counts from the hang.
+Prints a table and writes JSON with --json. Not a test: numbers go into notes and docs.
 
 usage: recovery_bench.py [--ballast build/bin/ballast] [--trials 3] [--nproc 2] [--dlrover DIR]
 """
@@ -57,9 +61,13 @@ def free_port():
     return port
 
 
-def trial(launcher_cmd, nproc, timeout=180, env=None):
+def trial(launcher_cmd, nproc, timeout=180, env=None, hang_args=None):
+    """hang_args: the last rank hangs at KILL_STEP instead of being killed,
+    and these script flags are added (e.g. a collective timeout)."""
     out = tempfile.mkdtemp(prefix="ballast-bench-")
     script = [SCRIPT, "--out", out, "--steps", "80", "--step-time", "0.05"]
+    if hang_args is not None:
+        script += ["--hang-rank", str(nproc - 1), "--hang-step", str(KILL_STEP)] + hang_args
     log = open(os.path.join(out, "launcher.log"), "w")
     proc = subprocess.Popen(launcher_cmd + script, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=env)
@@ -67,7 +75,11 @@ def trial(launcher_cmd, nproc, timeout=180, env=None):
     kill_t = None
     try:
         while time.time() < deadline:
-            if kill_t is None:
+            if kill_t is None and hang_args is not None:
+                hangs = [e for e in events(out, nproc - 1) if e["event"] == "hang"]
+                if hangs:
+                    kill_t = hangs[0]["t"]
+            elif kill_t is None:
                 steps = [max([e["step"] for e in events(out, r) if e["event"] == "step"] or [0]) for r in range(nproc)]
                 if min(steps) >= KILL_STEP:
                     victim = [e for e in events(out, nproc - 1) if e["event"] == "start"][0]["pid"]
@@ -118,6 +130,10 @@ def main():
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--hang", type=float, default=None, metavar="S",
+                   help="a hang instead of a kill: the last rank stops at step 40; Ballast detects it with "
+                        "--hang-timeout S, the peers (no hang detection of their own) through a gloo "
+                        "collective timeout of S seconds in the script")
     p.add_argument("--dlrover", default=None,
                    help="DLRover install dir (PYTHONPATH); default: newest ~/.cache/ballast/dlrover-*; '' skips it")
     a = p.parse_args()
@@ -145,9 +161,19 @@ def main():
                                            "--nproc_per_node", str(a.nproc), "--max_restarts", "3",
                                            "--monitor_interval", mi]
             env[name] = dl_env
+    if a.hang is not None:
+        for name in list(systems):
+            if "dlrover" in name and "0.1" not in name or "monitor_interval 5" in name:
+                del systems[name]  # one row per peer: the faster monitor interval
+        for name in [n for n in systems if n.startswith("ballast")]:
+            base = systems.pop(name)
+            systems[f"{name} --hang-timeout {a.hang:g}"] = lambda base=base: base() + ["--hang-timeout", str(a.hang)]
     results = {}
     for name, cmd in systems.items():
-        rows = [trial(cmd(), a.nproc, env=env.get(name)) for _ in range(a.trials)]
+        hang_args = None
+        if a.hang is not None:
+            hang_args = [] if name.startswith("ballast") else ["--pg-timeout", str(a.hang)]
+        rows = [trial(cmd(), a.nproc, env=env.get(name), hang_args=hang_args) for _ in range(a.trials)]
         results[name] = rows
         med_restart = statistics.median(r["workers_restarted_s"] for r in rows)
         med_step = statistics.median(r["first_step_s"] for r in rows)

@@ -45,6 +45,8 @@ def main():
     p.add_argument("--hang-rank", type=int, default=-1,
                    help="this rank hangs at --hang-step, on the first attempt only")
     p.add_argument("--hang-step", type=int, default=3)
+    p.add_argument("--pg-timeout", type=float, default=None,
+                   help="seconds a collective waits before it fails (torch's default: 30 min)")
     args = p.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -52,7 +54,11 @@ def main():
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rnd = int(os.environ.get("BALLAST_ROUND", "0"))
     os.makedirs(args.out, exist_ok=True)
-    dist.init_process_group("gloo")
+    if args.pg_timeout is None:
+        dist.init_process_group("gloo")
+    else:
+        import datetime
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))

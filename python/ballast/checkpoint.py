@@ -244,7 +244,8 @@ class _PendingSave:
 
         def run():
             try:
-                store.save(step, entries)  # the copy releases the GIL
+                # The copy releases the GIL and runs at idle priority.
+                store.save(step, entries, background=True)
             except BaseException as e:  # raised to the caller by wait_saved()
                 self.error = e
             finally:
@@ -595,18 +596,7 @@ class Checkpointer:
         rank, world = self.rank_world()
         shards = _normalize_shards(shards)
         targets = _TargetIndex(into).targets
-        mem_img, mem_step = None, -1
-        try:
-            # Verified below, while it is copied.
-            snap = self._store.restore(step=step, verify=False)
-            if snap is not None:
-                mem_img = _Image(snap)
-                if self._memory_usable(mem_img, rank, world, shards):
-                    mem_step = snap.step
-        except CheckpointCorruptError as e:
-            # Shared memory is a cache of the disk: fall back rather than fail.
-            warnings.warn(f"ignoring the in-memory checkpoint: {e}")
-            mem_img, snap = None, None
+        mem_img, mem_step = self._memory_image(step, rank, world, shards)
         if step is not None:
             disk_step = step if os.path.isdir(_C.step_dir(self.dir, step)) else -1
         else:
@@ -629,15 +619,8 @@ class Checkpointer:
         # (a replica lagging one save behind, a rank that saved once more
         # before the failure) may still hold that step in its other slot.
         if step is None and mem_min >= 0 and mem_min < mem_step and mem_min >= disk_max:
-            mem_img, snap, mem_step = None, None, -1
-            try:
-                snap = self._store.restore(step=mem_min, verify=False)
-                if snap is not None:
-                    mem_img = _Image(snap)
-                    if self._memory_usable(mem_img, rank, world, shards):
-                        mem_step = snap.step
-            except (CheckpointCorruptError, RuntimeError, ValueError):
-                mem_img, snap = None, None
+            mem_img = None
+            mem_img, mem_step = self._memory_image(mem_min, rank, world, shards)
         held = 1 if mem_step >= 0 and mem_step == mem_min else 0
         if d is not None and mem_min >= 0:
             held = all_reduce_min([held])[0]
@@ -658,7 +641,7 @@ class Checkpointer:
                 # peer node's replica.
                 self.last_load_source = "replica" if mem_img.source.startswith("replica:") else "memory"
                 return mem_step, state
-        del mem_img, snap
+        del mem_img
         if disk_min < 0:
             if disk_max >= 0:
                 raise RuntimeError(
@@ -669,6 +652,21 @@ class Checkpointer:
         state = self._load_disk(disk_min, rank, device, shards, targets)
         self.last_load_source = "disk"
         return disk_min, state
+
+    def _memory_image(self, step, rank, world, shards):
+        """(image, its step) of `step` (None: the newest) in this rank's memory,
+        or (image or None, -1) when there is none this rank and world can use.
+        Not verified here: the load verifies while it copies."""
+        try:
+            snap = self._store.restore(step=step, verify=False)
+            if snap is None:
+                return None, -1
+            img = _Image(snap)
+            return img, (snap.step if self._memory_usable(img, rank, world, shards) else -1)
+        except CheckpointCorruptError as e:
+            # Shared memory is a cache of the disk: fall back rather than fail.
+            warnings.warn(f"ignoring the in-memory checkpoint: {e}")
+            return None, -1
 
     @staticmethod
     def _memory_usable(img, rank, world, shards):

@@ -347,7 +347,10 @@ class PyStore {
 
   // entries: [(key, dtype name, shape, data, nbytes)] where data is an address
   // (int) or a bytes object. Returns {"seconds", "image_bytes", "slot"}.
-  py::dict Save(uint64_t step, const py::list& entries) {
+  // background: a save(blocking=False) on its own thread; the copy runs at
+  // idle priority (that thread and the copy threads), so it uses only CPU
+  // time training leaves.
+  py::dict Save(uint64_t step, const py::list& entries, bool background) {
     ckpt::SlotStore* store = this->store().get();
     std::vector<ckpt::EntryView> views;
     views.reserve(entries.size());
@@ -370,11 +373,17 @@ class PyStore {
       v.nbytes = py::cast<uint64_t>(t[4]);
       views.push_back(std::move(v));
     }
-    if (!writer_) writer_ = std::make_unique<ckpt::CheckpointWriter>(store, writer_options_);
+    std::unique_ptr<ckpt::CheckpointWriter>& writer = background ? bg_writer_ : writer_;
+    if (!writer) {
+      ckpt::WriterOptions wo = writer_options_;
+      wo.background = background;
+      writer = std::make_unique<ckpt::CheckpointWriter>(store, wo);
+    }
     absl::StatusOr<ckpt::SaveStats> stats;
     {
       py::gil_scoped_release release;
-      stats = writer_->Save(step, views);
+      if (background) ckpt::MakeThisThreadBackground();
+      stats = writer->Save(step, views);
     }
     if (absl::IsUnavailable(stats.status())) {
       Check(absl::UnavailableError(absl::StrCat(
@@ -464,10 +473,12 @@ class PyStore {
       while (true) pause();
     };
     writer_.reset();
+    bg_writer_.reset();
   }
 
   void Close() {
     writer_.reset();
+    bg_writer_.reset();
     store_.reset();
   }
 
@@ -475,6 +486,7 @@ class PyStore {
   std::shared_ptr<ckpt::SlotStore> store_;
   ckpt::WriterOptions writer_options_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;  // borrows *store_
+  std::unique_ptr<ckpt::CheckpointWriter> bg_writer_;  // background saves; borrows *store_
 };
 
 // Without an agent: persists the store's committed steps on a thread of this
@@ -689,7 +701,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_static("open", &PyStore::Open, py::arg("name"), py::arg("prefault") = true)
       .def_property_readonly("name", [](const PyStore& s) { return s.store()->name(); })
       .def_property_readonly("owner", [](const PyStore& s) { return s.store()->owner(); })
-      .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"))
+      .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"), py::arg("background") = false)
       .def("restore", &PyStore::Restore, py::arg("step") = py::none(), py::arg("verify") = true)
       .def("memory_step", &PyStore::MemoryStep)
       .def("wait_incoming", &PyStore::WaitIncoming, py::arg("timeout_s"))

@@ -950,9 +950,10 @@ void Agent::CheckHangs() {
   // and their stacks show where. One at a time, so their dumps do not
   // interleave. Only the worker process, not its group: its children did not
   // install the handler and SIGUSR1 would end them.
+  // A dump is done when its lines stop coming (50 ms quiet); a worker that
+  // writes none costs its share of BALLAST_HANG_DUMP_WAIT_S.
   const double wait_s = options_.tunables.hang_dump_wait_s;
-  const double slice_s = std::min(0.2, wait_s / std::max<size_t>(1, workers.size()));
-  double waited = 0;
+  const auto share = std::chrono::duration<double>(wait_s / std::max<size_t>(1, workers.size()));
   std::vector<const WorkerInfo*> dumped;
   for (const WorkerInfo& o : workers) {
     if (o.state != "running" || o.pid <= 0) continue;
@@ -960,10 +961,20 @@ void Agent::CheckHangs() {
     workers_->StartStderrCapture(o.local_rank);
     kill(o.pid, SIGUSR1);
     dumped.push_back(&o);
-    std::this_thread::sleep_for(std::chrono::duration<double>(slice_s));
-    waited += slice_s;
+    const auto deadline = Clock::now() + share;
+    size_t lines = 0;
+    auto last_change = Clock::now();
+    while (Clock::now() < deadline) {
+      const size_t n = workers_->CapturedLines(o.local_rank);
+      if (n != lines) {
+        lines = n;
+        last_change = Clock::now();
+      } else if (n > 0 && Clock::now() - last_change >= std::chrono::milliseconds(50)) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
-  if (wait_s > waited) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s - waited));
   for (const WorkerInfo* o : dumped) {
     health::StackSummary st = health::SummarizeStackDump(workers_->TakeStderrCapture(o->local_rank));
     spdlog::info("rank {} (local rank {}): {}", o->global_rank, o->local_rank,

@@ -472,6 +472,14 @@ std::string WorkerGroup::TakeStderrCapture(int local_rank) {
   return "";
 }
 
+size_t WorkerGroup::CapturedLines(int local_rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& w : workers_) {
+    if (w.local_rank == local_rank && w.err != nullptr && w.err->capture.has_value()) return w.err->capture->size();
+  }
+  return 0;
+}
+
 std::vector<WorkerInfo> WorkerGroup::Workers() const {
   std::vector<WorkerInfo> out;
   const auto& list = workers_.empty() ? final_states_ : workers_;

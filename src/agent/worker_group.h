@@ -157,6 +157,8 @@ class WorkerGroup {
   static constexpr size_t kMaxCaptureLines = 400;
   void StartStderrCapture(int local_rank);
   std::string TakeStderrCapture(int local_rank);
+  // Lines captured so far (0 when not capturing).
+  size_t CapturedLines(int local_rank) const;
   // Directory of the current attempt's log files ("" when none are written).
   const std::string& attempt_log_dir() const { return attempt_log_dir_; }
 

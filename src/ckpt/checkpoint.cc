@@ -162,7 +162,7 @@ uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, CopyPool* pool, uint6
 CheckpointWriter::CheckpointWriter(SlotStore* store, const WriterOptions& options)
     : store_(store),
       options_(options),
-      pool_(options.copy_threads > 0 ? options.copy_threads : DefaultCopyThreads()) {}
+      pool_(options.copy_threads > 0 ? options.copy_threads : DefaultCopyThreads(), options.background) {}
 
 absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step,
                                                  const std::vector<EntryView>& views) {

@@ -50,6 +50,9 @@ struct WriterOptions {
   uint64_t parallel_threshold_bytes = kDefaultParallelCopyThreshold;
   // Unit of parallel work (rounded to 64 bytes).
   uint64_t chunk_bytes = 4u << 20;
+  // Copy on idle-priority threads (a save that overlaps training: it takes
+  // only CPU time the training does not use).
+  bool background = false;
   // Test hook: runs after the data is copied into the slot and before the
   // header is written and the slot committed (used to SIGKILL a writer in the
   // middle of a save).

@@ -1,12 +1,29 @@
 #include "ckpt/copy_pool.h"
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
 namespace ballast::ckpt {
 
-CopyPool::CopyPool(int threads) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+void MakeThisThreadBackground() {
+  const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+  sched_param param{};
+  param.sched_priority = 0;
+  if (sched_setscheduler(tid, SCHED_IDLE, &param) != 0) setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 19);
+}
+
+CopyPool::CopyPool(int threads, bool background) {
+  for (int i = 1; i < threads; ++i) {
+    workers_.emplace_back([this, background] {
+      if (background) MakeThisThreadBackground();
+      WorkerLoop();
+    });
+  }
 }
 
 CopyPool::~CopyPool() {

@@ -20,11 +20,17 @@
 
 namespace ballast::ckpt {
 
+// Puts the calling thread at idle priority (SCHED_IDLE, else nice 19): it
+// runs only on CPU time nothing else wants. For copies that overlap training
+// (save(blocking=False)); irreversible for the thread without privileges.
+void MakeThisThreadBackground();
+
 class CopyPool {
  public:
   // `threads` is the total parallelism including the calling thread
-  // (threads - 1 workers are started); values < 1 mean 1.
-  explicit CopyPool(int threads);
+  // (threads - 1 workers are started); values < 1 mean 1. With background,
+  // the workers run at idle priority (MakeThisThreadBackground).
+  explicit CopyPool(int threads, bool background = false);
   ~CopyPool();
   CopyPool(const CopyPool&) = delete;
   CopyPool& operator=(const CopyPool&) = delete;

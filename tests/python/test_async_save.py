@@ -58,7 +58,7 @@ class AsyncSave(TestCase):
         class Failing:
             name = "x"
 
-            def save(self, step, entries):
+            def save(self, step, entries, background=False):
                 raise RuntimeError("shared memory is full")
 
             def wait_incoming(self, timeout_s):
