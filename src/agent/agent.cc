@@ -306,10 +306,11 @@ void Agent::RestoreReplicas(const v1::StartRound& start) {
     replica_fetches_.emplace_back([store, rank, holders, token = options_.token, keys = Fmt()] {
       for (const ReplicaRecord& rec : holders) {
         const auto t0 = Clock::now();
-        absl::StatusOr<uint64_t> step = FetchReplica(rec.addr, token, rank, rec.step, store, /*timeout_s=*/30.0);
+        // The newest step the holder has (the record's step may be a few seconds old).
+        absl::StatusOr<uint64_t> step = FetchReplica(rec.addr, token, rank, /*step=*/0, store, /*timeout_s=*/30.0);
         if (!step.ok()) {
-          spdlog::warn("flash checkpoint: cannot copy rank {}'s replica (step {}) from node {} ({}): {} {}", rank,
-                       rec.step, rec.holder, rec.addr, step.status().ToString(), keys);
+          spdlog::warn("flash checkpoint: cannot copy rank {}'s replica from node {} ({}): {} {}", rank, rec.holder,
+                       rec.addr, step.status().ToString(), keys);
           continue;
         }
         uint64_t bytes = 0;

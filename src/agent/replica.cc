@@ -196,13 +196,15 @@ ReplicaServer::ReplicaServer(std::string store_prefix, std::string token, int fd
 ReplicaServer::~ReplicaServer() {
   stop_ = true;
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::vector<std::thread> threads;
+  std::list<Conn> conns;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (int fd : conn_fds_) shutdown(fd, SHUT_RDWR);  // unblocks their reads
-    threads.swap(conn_threads_);
+    for (Conn& c : conns_) {
+      if (!c.done) shutdown(c.fd, SHUT_RDWR);  // unblocks their reads
+    }
+    conns.splice(conns.end(), conns_);
   }
-  for (auto& t : threads) t.join();
+  for (Conn& c : conns) c.thread.join();
   close(listen_fd_);
 }
 
@@ -213,9 +215,19 @@ void ReplicaServer::AcceptLoop() {
     int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
     SetIoTimeout(c, kServerIoTimeoutS);
-    std::lock_guard<std::mutex> lock(mu_);
-    conn_fds_.push_back(c);
-    conn_threads_.emplace_back([this, c] { Serve(c); });
+    std::list<Conn> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = conns_.begin(); it != conns_.end();) {
+        auto next = std::next(it);
+        if (it->done) finished.splice(finished.end(), conns_, it);
+        it = next;
+      }
+      Conn& conn = conns_.emplace_back();
+      conn.fd = c;
+      conn.thread = std::thread([this, c] { Serve(c); });
+    }
+    for (Conn& f : finished) f.thread.join();  // already returned
   }
 }
 
@@ -245,8 +257,10 @@ absl::StatusOr<ckpt::PinnedSlot> ReplicaServer::Pin(int rank, uint64_t step) {
 void ReplicaServer::Serve(int fd) {
   auto done = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    conn_fds_.erase(std::remove(conn_fds_.begin(), conn_fds_.end(), fd), conn_fds_.end());
     close(fd);
+    for (Conn& c : conns_) {
+      if (c.fd == fd && !c.done) c.done = true;
+    }
   };
   RequestHeader h{};
   if (!ReadAll(fd, &h, sizeof(h)).ok() || std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 ||
@@ -457,9 +471,14 @@ int ReplicaSender::PollOnce() {
       const auto t0 = std::chrono::steady_clock::now();
       absl::Status s = PutReplica(peer.addr, token_, rank, world, pin->step(), pin->image(), pin->image_bytes(),
                                   /*timeout_s=*/30.0);
-      if (s.ok()) {
-        s = kv_set_(ReplicaKey(rank, static_cast<int>(k)),
-                    ReplicaRecord{peer.node_id, peer.addr, pin->step(), world}.ToKvValue());
+      // The record says where a rank's replicas are (and, refreshed every few
+      // seconds, which step): one master RPC per rank and round, not per save.
+      const std::string kv_key = ReplicaKey(rank, static_cast<int>(k));
+      const std::string where = absl::StrCat(peer.node_id, " ", peer.addr, " ", world);
+      auto& rec = recorded_[kv_key];
+      if (s.ok() && (rec.first != where || std::chrono::steady_clock::now() - rec.second >= kRecordRefresh)) {
+        s = kv_set_(kv_key, ReplicaRecord{peer.node_id, peer.addr, pin->step(), world}.ToKvValue());
+        if (s.ok()) rec = {where, std::chrono::steady_clock::now()};
       }
       if (!s.ok()) {
         retry_at_[peer.node_id] = std::chrono::steady_clock::now() + std::chrono::seconds(1);

@@ -19,7 +19,9 @@
 //
 // Where replicas are: after a peer acknowledged a put, the sender records it
 // in the master's KV store, key "ckpt-replica/<rank>/<k>" (k-th holder),
-// value "<holder node id> <host:port> step=<S> world=<W>". The data endpoint
+// value "<holder node id> <host:port> step=<S> world=<W>": when the holder or
+// world changes, and then at most every 5 s (the step is informational; a
+// restore copies the newest step the holder has). The data endpoint
 // of an agent is in "ckpt-replica-ep/<node id>". The workers still choose
 // the step to load collectively (the newest step every rank holds in memory,
 // if it is not older than disk's latest): one consistent choice.
@@ -37,6 +39,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <list>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,8 +97,14 @@ class ReplicaServer {
   std::mutex mu_;
   std::map<int, std::unique_ptr<ckpt::SlotStore>> stores_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::unique_ptr<std::mutex>> rank_mu_ ABSL_GUARDED_BY(mu_);  // one writer per source rank
-  std::vector<std::thread> conn_threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> conn_fds_ ABSL_GUARDED_BY(mu_);
+  // Open connections, each served by its own thread; finished ones (done)
+  // are joined by the accept thread.
+  struct Conn {
+    int fd = -1;
+    bool done = false;
+    std::thread thread;
+  };
+  std::list<Conn> conns_ ABSL_GUARDED_BY(mu_);
 };
 
 // Sends image[0, bytes) of (rank, world, step) to the server at addr.
@@ -155,6 +165,9 @@ class ReplicaSender {
   std::map<std::string, std::chrono::steady_clock::time_point> retry_at_;  // thread only
   std::map<std::string, std::string> warned_;                              // thread only
   std::map<std::string, std::string> endpoints_;                           // thread only: node id -> addr
+  // thread only: KV key -> (holder, address and world recorded, when)
+  std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>> recorded_;
+  static constexpr std::chrono::seconds kRecordRefresh{5};
   std::thread thread_;
 };
 

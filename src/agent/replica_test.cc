@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -125,6 +126,14 @@ TEST(Replica, HolderKeepsAtMostTwoStepsPerSourceRank) {
   EXPECT_TRUE((*server)->Pin(0, 3).ok());
   EXPECT_TRUE(absl::IsNotFound((*server)->Pin(0, 2).status()));
   EXPECT_TRUE(absl::IsNotFound((*server)->Pin(1, 0).status())) << "no replica of another rank";
+  // Finished connections do not pile up threads.
+  for (uint64_t step = 5; step <= 40; ++step) {
+    std::vector<uint8_t> image = ImageForStep(step, 16);
+    ASSERT_TRUE(PutReplica(Addr(**server), "tok", 0, 2, step, image.data(), image.size(), 5).ok());
+  }
+  int threads = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) threads += e.is_directory() ? 1 : 0;
+  EXPECT_LT(threads, 10);
 }
 
 TEST(Replica, WrongTokenAndTornImagesAreRefused) {
@@ -191,7 +200,16 @@ TEST(ReplicaSender, SendsEachNewSaveToTheRingPeerAndRecordsWhereItIs) {
   EXPECT_TRUE((*holder)->Pin(5, 2).ok());
   Save(own0.get(), 3, ImageForStep(3));
   EXPECT_EQ(sender.PollOnce(), 1);
-  EXPECT_EQ(kv.Get(ReplicaKey(4, 0)), absl::StrCat("node-b ", Addr(**holder), " step=3 world=6"));
+  EXPECT_TRUE((*holder)->Pin(4, 3).ok());
+  // Not one master RPC per save: the record is refreshed every few seconds.
+  EXPECT_EQ(kv.Get(ReplicaKey(4, 0)), absl::StrCat("node-b ", Addr(**holder), " step=2 world=6"));
+  // A new round's holder is recorded at once.
+  auto holder2 = ReplicaServer::Start(UniqueShmName("sender-holder2"), "tok");
+  ASSERT_TRUE(holder2.ok());
+  sender.SetPeers({{"node-c", Addr(**holder2)}}, 4, 6);
+  Save(own0.get(), 4, ImageForStep(4));
+  EXPECT_EQ(sender.PollOnce(), 1);
+  EXPECT_EQ(kv.Get(ReplicaKey(4, 0)), absl::StrCat("node-c ", Addr(**holder2), " step=4 world=6"));
 }
 
 TEST(ReplicaSender, AnUnreachablePeerIsRetriedWithoutBlockingTheOthers) {
