@@ -343,7 +343,12 @@ absl::StatusOr<uint64_t> FetchReplica(const std::string& addr, const std::string
   const uint64_t bytes = stat.bytes;
   const std::string what = absl::StrCat("replica of rank ", rank, " step ", stat.step, " from ", addr);
   // The other slot grows at the worker's first save, not while it restores.
-  ASSIGN_OR_RETURN(ckpt::SlotWrite w, into->BeginSave(stat.step, bytes, /*grow_others=*/false));
+  absl::StatusOr<ckpt::SlotWrite> begun = into->BeginSave(stat.step, bytes, /*grow_others=*/false);
+  if (!begun.ok()) {
+    into->ReleaseWriter();  // the worker saves next
+    return begun.status();
+  }
+  ckpt::SlotWrite w = std::move(*begun);
   // The image in `streams` ranges over as many connections at once: one TCP
   // stream (and the one core copying it) is slower than the network.
   const int n = static_cast<int>(std::clamp<uint64_t>(bytes >> 24, 1, std::max(1, streams)));
