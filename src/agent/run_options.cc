@@ -232,9 +232,8 @@ const std::map<std::string, FlagDef>& FlagTable() {
       {"--ckpt-replicas",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
-          if (!absl::SimpleAtoi(v, &o->ckpt_replicas) || o->ckpt_replicas < 0 || o->ckpt_replicas > 8) {
-            return FlagError(f, absl::StrCat("'", v, "' is not a replica count 0..8 (0 turns replicas off)"));
-          }
+          ASSIGN_OR_RETURN(o->ckpt_replicas, ParseInt(f, v));
+          if (o->ckpt_replicas < 0 || o->ckpt_replicas > 8) return FlagError(f, "must be 0..8 (0 turns replicas off)");
           return absl::OkStatus();
         }}},
       {"--no-warm-restart",

@@ -68,6 +68,25 @@ uint64_t ChunkSize(uint64_t n, CopyPool* pool, uint64_t chunk_bytes) {
   return AlignUp(chunk, Checksum64::kRowBytes);
 }
 
+// The digest of a region of n bytes whose checksum part(lo, hi) computes for
+// [lo, hi): in one call on the calling thread, or in chunks over `pool` when
+// it has threads and n >= threshold (linear sums: the parts combine to the
+// checksum of the whole region).
+template <typename Part>
+uint64_t ChunkedDigest(uint64_t n, CopyPool* pool, uint64_t threshold, uint64_t chunk_bytes, const Part& part) {
+  if (pool == nullptr || pool->threads() == 1 || n < threshold) return part(0, n).Digest();
+  const uint64_t chunk = ChunkSize(n, pool, chunk_bytes);
+  const size_t count = (n + chunk - 1) / chunk;
+  std::vector<Checksum64> parts(count);
+  pool->Run(count, [&](size_t i) {
+    const uint64_t lo = i * chunk;
+    parts[i] = part(lo, std::min(n, lo + chunk));
+  });
+  Checksum64 total;
+  for (const Checksum64& p : parts) total.Append(p);
+  return total.Digest();
+}
+
 }  // namespace
 
 int DefaultCopyThreads() {
@@ -87,20 +106,8 @@ uint64_t CopyDataAndChecksum(uint8_t* dst, uint64_t data_bytes, const std::vecto
   for (size_t i = 0; i < planned.size(); ++i) {
     srcs.push_back({planned[i].offset, planned[i].nbytes, static_cast<const uint8_t*>(sources[i])});
   }
-  if (pool == nullptr || pool->threads() == 1 || data_bytes < threshold) {
-    return FillAndChecksum(dst, 0, data_bytes, srcs).Digest();
-  }
-  const uint64_t chunk = ChunkSize(data_bytes, pool, chunk_bytes);
-  const size_t count = (data_bytes + chunk - 1) / chunk;
-  std::vector<Checksum64> parts(count);
-  pool->Run(count, [&](size_t i) {
-    const uint64_t lo = i * chunk;
-    parts[i] = FillAndChecksum(dst, lo, std::min(data_bytes, lo + chunk), srcs);
-  });
-  // Linear sums: the parts combine to the checksum of the whole region.
-  Checksum64 total;
-  for (const Checksum64& p : parts) total.Append(p);
-  return total.Digest();
+  return ChunkedDigest(data_bytes, pool, threshold, chunk_bytes,
+                       [&](uint64_t lo, uint64_t hi) { return FillAndChecksum(dst, lo, hi, srcs); });
 }
 
 namespace {
@@ -128,35 +135,16 @@ Checksum64 CopyOutWindowed(const uint8_t* data, uint64_t lo, uint64_t hi, const 
 
 uint64_t CopyOutAndChecksum(const uint8_t* data, uint64_t data_bytes, const std::vector<Extract>& extracts,
                             CopyPool* pool) {
-  if (pool == nullptr || pool->threads() == 1 || data_bytes < kDefaultParallelCopyThreshold) {
-    return CopyOutWindowed(data, 0, data_bytes, extracts).Digest();
-  }
-  const uint64_t chunk = ChunkSize(data_bytes, pool, 4u << 20);
-  const size_t count = (data_bytes + chunk - 1) / chunk;
-  std::vector<Checksum64> parts(count);
-  pool->Run(count, [&](size_t i) {
-    const uint64_t lo = i * chunk;
-    parts[i] = CopyOutWindowed(data, lo, std::min(data_bytes, lo + chunk), extracts);
-  });
-  Checksum64 total;
-  for (const Checksum64& p : parts) total.Append(p);
-  return total.Digest();
+  return ChunkedDigest(data_bytes, pool, kDefaultParallelCopyThreshold, 4u << 20,
+                       [&](uint64_t lo, uint64_t hi) { return CopyOutWindowed(data, lo, hi, extracts); });
 }
 
 uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, CopyPool* pool, uint64_t chunk_bytes) {
-  if (pool == nullptr || pool->threads() == 1 || n < kDefaultParallelCopyThreshold) {
-    return ChecksumBytes(data, n);
-  }
-  const uint64_t chunk = ChunkSize(n, pool, chunk_bytes);
-  const size_t count = (n + chunk - 1) / chunk;
-  std::vector<Checksum64> parts(count);
-  pool->Run(count, [&](size_t i) {
-    const uint64_t lo = i * chunk;
-    parts[i].Update(data + lo, std::min(n, lo + chunk) - lo);
+  return ChunkedDigest(n, pool, kDefaultParallelCopyThreshold, chunk_bytes, [&](uint64_t lo, uint64_t hi) {
+    Checksum64 cs;
+    cs.Update(data + lo, hi - lo);
+    return cs;
   });
-  Checksum64 total;
-  for (const Checksum64& p : parts) total.Append(p);
-  return total.Digest();
 }
 
 CheckpointWriter::CheckpointWriter(SlotStore* store, const WriterOptions& options)
