@@ -309,7 +309,7 @@ TEST(WorkerGroup, RedirectsKeepOutputOffTheConsole) {
 }
 
 TEST(WorkerGroup, PythonWorkerFailureCarriesTheTraceback) {
-  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "no /usr/bin/python3: scripts/install-deps.sh installs python3";
   TempDir dir;
   Console console(dir / "console");
   WorkerSpec spec;

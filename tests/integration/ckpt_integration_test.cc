@@ -49,7 +49,7 @@ bool PythonPackageBuilt() {
 // agents persist it (breakpoint save), the restarted workers restore it from
 // memory, and training ends with the same weights as an uninterrupted run.
 TEST(FlashCheckpoint, KilledWorkerRestoresFromMemoryAndMatchesAnUninterruptedRun) {
-  if (!PythonPackageBuilt()) GTEST_SKIP() << "the ballast Python package is not built (target ballast_python)";
+  ASSERT_TRUE(PythonPackageBuilt()) << "the ballast Python package is not built: run `make` (target ballast_python)";
   TempDir ref;
   {
     Proc launch(LaunchCkpt(ref.path(), {}), ref / "launch.log");

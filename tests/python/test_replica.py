@@ -23,6 +23,8 @@ from _util import TestCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
+if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
+    raise RuntimeError(f"no ballast binary at {BIN}: run `make` (or set BALLAST_BIN)")
 PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
 SCRIPT = os.path.join(HERE, "../integration/scripts/train_ckpt.py")
 WORLD, STEPS, KILL_STEP = 6, 10, 4
@@ -36,7 +38,6 @@ def events(out, rank, kind):
         return [e for e in (json.loads(line) for line in f if line.strip()) if e["event"] == kind]
 
 
-@unittest.skipUnless(os.access(BIN, os.X_OK), f"no ballast binary at {BIN} (set BALLAST_BIN)")
 class PeerReplicas(TestCase):
     def launch(self, out, *extra, kill=True):
         os.makedirs(out)
