@@ -32,6 +32,8 @@ from ballast._tree import Shard
 CheckpointCorruptError = _C.CheckpointCorruptError
 
 ENV_SHM = "BALLAST_CKPT_SHM"
+# The stores of the replicas this node holds for other ranks (set by the agent).
+ENV_REPLICAS = "BALLAST_CKPT_REPLICAS"
 _DEFAULT_WAIT_S = 600.0
 # How long a load waits for the agent to copy in a peer node's replica (its fetch gives up after 30 s).
 _INCOMING_WAIT_S = 60.0
@@ -198,12 +200,21 @@ def _normalize_shards(shards):
     return out
 
 
+def _fresh(shape, dtype=torch.uint8):
+    """torch.empty(shape, dtype) with huge pages asked for before the first
+    touch (4 KiB page faults cost more than the copy into a big buffer)."""
+    t = torch.empty(shape, dtype=dtype)
+    if t.numel() * t.element_size() >= (4 << 20):
+        _C._advise_fresh(t.data_ptr(), t.numel() * t.element_size())
+    return t
+
+
 def _assemble(key, want, images):
     """The slice `want` = (global_shape, offsets, shape) of tensor `key`, from every
     image's overlapping piece."""
     gshape, offsets, shape = want
     out = None
-    covered = None
+    boxes = []  # (lo, hi) of each piece copied, in global coordinates
     for img in images:
         pieces = img.shard_nodes()
         if key not in pieces:
@@ -214,8 +225,7 @@ def _assemble(key, want, images):
         i, dtype, _, _ = img.entry(key)
         if out is None:
             torch_dtype = _tree.NAME_TO_DTYPE[dtype]
-            out = torch.empty(shape, dtype=torch_dtype)
-            covered = torch.zeros(shape, dtype=torch.bool)
+            out = _fresh(shape, torch_dtype)
         lo = [max(a, b) for a, b in zip(offsets, s_off)]
         hi = [min(a + n, b + m) for a, n, b, m in zip(offsets, shape, s_off, s_shape)]
         if any(h <= l for l, h in zip(lo, hi)) and len(shape) > 0:
@@ -223,15 +233,35 @@ def _assemble(key, want, images):
         box = [h - l for l, h in zip(lo, hi)]
         img.snap.copy_box(i, out.element_size(), list(s_shape), [l - b for l, b in zip(lo, s_off)],
                           out.data_ptr(), list(shape), [l - a for l, a in zip(lo, offsets)], box)
-        covered[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, offsets))] = True
+        boxes.append((lo, hi))
     if out is None:
         raise ValueError(f"no saved rank holds a tensor '{key}' (keys are state paths joined by "
                          "'/'; `ballast ckpt inspect` lists them)")
-    if not bool(covered.all()):
-        missing = int(covered.numel() - covered.sum())
-        raise ValueError(f"the saved shards of '{key}' leave {missing} of the {covered.numel()} "
+    missing = _uncovered(offsets, shape, boxes)
+    if missing:
+        raise ValueError(f"the saved shards of '{key}' leave {missing} of the {out.numel()} "
                          "requested elements uncovered (a rank's shard file is missing?)")
     return out
+
+
+def _uncovered(offsets, shape, boxes):
+    """Elements of the box (offsets, shape) that no (lo, hi) box covers."""
+    def volume(lo, hi):
+        v = 1
+        for l, h in zip(lo, hi):
+            v *= max(0, h - l)
+        return v
+
+    total = volume(offsets, [a + n for a, n in zip(offsets, shape)])
+    disjoint = all(any(h1 <= l2 or h2 <= l1 for l1, h1, l2, h2 in zip(lo1, hi1, lo2, hi2))
+                   for k, (lo1, hi1) in enumerate(boxes) for lo2, hi2 in boxes[:k])
+    if disjoint or not shape:
+        return max(0, total - sum(volume(lo, hi) for lo, hi in boxes)) if shape else (0 if boxes else 1)
+    # Overlapping saved pieces (a replicated shard): count with a mask.
+    covered = torch.zeros(shape, dtype=torch.bool)
+    for lo, hi in boxes:
+        covered[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, offsets))] = True
+    return int(covered.numel() - covered.sum())
 
 
 class _PendingSave:
@@ -642,6 +672,13 @@ class Checkpointer:
                 self.last_load_source = "replica" if mem_img.source.startswith("replica:") else "memory"
                 return mem_step, state
         del mem_img
+        if d is not None:
+            # Not every rank holds its own step: memory anywhere in the world
+            # (a survivor's stores, the replicas nodes hold for lost ones) may
+            # still have one step of every rank of a world, resharded here.
+            got = self._load_exchange(d, step, rank, world, disk_max, shards, targets, device)
+            if got is not None:
+                return got
         if disk_min < 0:
             if disk_max >= 0:
                 raise RuntimeError(
@@ -652,6 +689,146 @@ class Checkpointer:
         state = self._load_disk(disk_min, rank, device, shards, targets)
         self.last_load_source = "disk"
         return disk_min, state
+
+    def _inventory(self, step):
+        """[_Image] of every step this rank can read in memory: its own
+        store's and those of the replicas its node holds for other ranks
+        (BALLAST_CKPT_REPLICAS). Each stays pinned while referenced."""
+        stores = [self._store]
+        for name in filter(None, os.environ.get(ENV_REPLICAS, "").split(",")):
+            try:
+                stores.append(_C.open_store(name, prefault=False))
+            except (FileNotFoundError, OSError, ValueError) as e:
+                warnings.warn(f"cannot open the replica store {name}: {e}")
+        images = []
+        for store in stores:
+            for s in store.steps():
+                if step is not None and s != step:
+                    continue
+                try:
+                    snap = store.restore(step=s, verify=False)
+                    img = snap and _Image(snap)
+                except (CheckpointCorruptError, FileNotFoundError, ValueError) as e:
+                    warnings.warn(f"ignoring an in-memory checkpoint: {e}")
+                    continue
+                if img is not None and "rank" in img.doc and "world_size" in img.doc:
+                    images.append(img)
+        return images
+
+    def _load_exchange(self, d, step, rank, world, disk_max, shards, targets, device):
+        """The newest step that memory somewhere in the world holds for every
+        rank of the world that saved it (not older than disk's latest),
+        exchanged between the ranks over the process group and resharded
+        like a disk load; (step, state), or None (then disk) when there is
+        none or any rank fails. Collective: every rank calls it."""
+        local = self._inventory(step)
+        meta = [(img.doc["rank"], img.doc["world_size"], img.snap.step, img.snap.image_bytes,
+                 img.source.startswith("replica:"),
+                 {k: v for k, v in img.shard_nodes().items() if v[0] != v[2]})
+                for img in local]
+        everyone = [None] * world
+        d.all_gather_object(everyone, meta)
+        # (world, step) -> {saved rank: [(new rank, index in its inventory)]}
+        held = {}
+        for r, items in enumerate(everyone):
+            for i, (j, w, s, _n, _rep, _p) in enumerate(items):
+                held.setdefault((w, s), {}).setdefault(j, []).append((r, i))
+        complete = [(s, w == world, w) for (w, s), ranks in held.items()
+                    if s >= disk_max and all(j in ranks for j in range(w))]
+        if not complete:
+            return None
+        s, _, w = max(complete)  # newest step; a tie goes to this world's size, then the larger
+        ranks = held[(w, s)]
+
+        def info(j):
+            r, i = ranks[j][0]
+            return everyone[r][i]
+
+        # The saved ranks this rank needs: its own (rank, or rank 0's for the
+        # plain entries when it is new) and, to reshard, every saved shard
+        # that overlaps a requested slice.
+        own = rank if rank < w else (0 if shards else None)
+        need = set() if own is None else {own}
+        for key, (gs, off, shape) in shards.items():
+            for j in range(w):
+                piece = info(j)[5].get(key)
+                if piece is not None and piece[0] == gs and all(
+                        a < b + m and b < a + n for a, n, b, m in zip(off, shape, piece[1], piece[2])):
+                    need.add(j)
+        mine = {}  # saved rank -> this rank's own image of it
+        for img in local:
+            if (img.doc["world_size"], img.snap.step) == (w, s):
+                mine.setdefault(img.doc["rank"], img)
+        wants = [None] * world
+        d.all_gather_object(wants, (own is not None, sorted(need - set(mine))))
+        if not all(ok for ok, _ in wants):
+            return None  # a new rank without shards=: the disk load says what to do
+        # Each missing image comes from one of its holders: the saving rank's
+        # own memory before a replica, spread over the holders.
+        sends, recvs, load = [], {}, {}
+        for dst, (_, missing) in enumerate(wants):
+            for j in missing:
+                src, i = min(ranks[j], key=lambda h: (everyone[h[0]][h[1]][4], load.get(h[0], 0), h[0]))
+                load[src] = load.get(src, 0) + 1
+                if src == rank:
+                    sends.append((j, dst))
+                if dst == rank:
+                    recvs[j] = (src, everyone[src][i][4])
+        images, ok = dict(mine), 1
+        try:
+            works = []
+            nccl = d.get_backend() == "nccl"
+            inbox = {}
+            for j, (src, _) in sorted(recvs.items()):
+                buf = torch.empty(info(j)[3], dtype=torch.uint8, device="cuda") if nccl else _fresh(info(j)[3])
+                inbox[j] = buf
+                works.append(d.irecv(buf, src=src, tag=j))
+            outbox = []
+            for j, dst in sends:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # read-only memory: sending only reads it
+                    t = torch.frombuffer(mine[j].snap.image_view(), dtype=torch.uint8)
+                outbox.append(t.cuda() if nccl else t)
+                works.append(d.isend(outbox[-1], dst=dst, tag=j))
+            for work in works:
+                work.wait()
+            del outbox
+            for j, buf in inbox.items():
+                buf = buf.cpu()
+                src, replica = recvs[j]
+                img = _Image(_C._snapshot_at(buf.data_ptr(), buf.numel(),
+                                             f"{'replica:' if replica else ''}rank{src}:step{s}:saved-rank{j}"))
+                img.keepalive = buf
+                images[j] = img
+            state = None
+            used = [images[j] for j in sorted(need)]
+            if not shards:
+                state = images[own].materialize(device, verify=self.verify, into=targets)  # verified as copied
+            else:
+                if self.verify:
+                    for img in used:
+                        img.snap.verify()
+                own_pieces = images[own].shard_nodes()
+                for key in shards:
+                    if key not in own_pieces:
+                        raise ValueError(f"shards names '{key}', which is not a tensor of checkpoint step {s}")
+                assembled = {key: _assemble(key, want, used) for key, want in shards.items()}
+                state = images[own].materialize(device, replace=assembled, into=targets)
+        except (CheckpointCorruptError, ValueError) as e:
+            warnings.warn(f"not loading step {s} from the world's memory: {e}")
+            ok = 0
+        t = torch.tensor([ok], dtype=torch.int64)
+        if d.get_backend() == "nccl":
+            t = t.cuda()
+        d.all_reduce(t, op=d.ReduceOp.MIN)  # every rank uses memory, or none does
+        if not int(t[0]):
+            return None
+        self.last_load_source = "replica" if any(img.source.startswith("replica:") for img in used) else "memory"
+        got = ", ".join(f"saved rank {j} from rank {src}{' (a replica)' if rep else ''}"
+                        for j, (src, rep) in sorted(recvs.items()))
+        print(f"ballast: rank {rank}: checkpoint step {s} of {w} ranks loaded from the world's memory in a "
+              f"world of {world}{'; ' + got if got else ''}", file=sys.stderr, flush=True)
+        return s, state
 
     def _memory_image(self, step, rank, world, shards):
         """(image, its step) of `step` (None: the newest) in this rank's memory,

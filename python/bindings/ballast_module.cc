@@ -159,11 +159,36 @@ py::tuple ShapeTuple(const std::vector<int64_t>& shape) {
 class PySnapshot {
  public:
   PySnapshot(ckpt::Snapshot snap, std::shared_ptr<ckpt::SlotStore> store)
-      : snap_(std::move(snap)), store_(std::move(store)) {}
+      : store_(std::move(store)), snap_(std::move(snap)) {}
 
   uint64_t step() const { return snap_.step(); }
   const std::string& source() const { return snap_.source(); }
-  bool verified() const { return snap_.verified(); }
+  bool verified() const { return snap_.verified() || checked_; }
+
+  // The whole image as a read-only memoryview (no copy), to send it as it is
+  // (Checkpointer.load's exchange between ranks). Valid while this snapshot
+  // lives.
+  py::memoryview ImageView() const {
+    if (snap_.image() == nullptr) Check(absl::FailedPreconditionError("this snapshot has no whole image"));
+    return py::memoryview::from_memory(snap_.image(), static_cast<py::ssize_t>(snap_.image_bytes()));
+  }
+  uint64_t image_bytes() const { return snap_.image_bytes(); }
+
+  // One checksum pass over the data (parallel, GIL released);
+  // CheckpointCorruptError on a mismatch. Later copies skip their check.
+  void Verify() {
+    if (verified()) return;
+    uint64_t digest = 0;
+    {
+      py::gil_scoped_release release;
+      digest = ckpt::ParallelChecksum(snap_.data(), snap_.data_bytes(), LoadPool());
+    }
+    if (digest != snap_.data_checksum()) {
+      Check(absl::DataLossError(absl::StrCat("checkpoint ", snap_.source(),
+                                             " is corrupt: data checksum mismatch; restore from disk instead")));
+    }
+    checked_ = true;
+  }
 
   // [(key, dtype name, shape tuple, nbytes)] in storage order.
   py::list Entries() const {
@@ -189,7 +214,7 @@ class PySnapshot {
   // CheckpointCorruptError and the targets hold garbage. fresh: the targets
   // are newly allocated (ask for huge pages before the first touch).
   void CopyTo(const std::vector<std::pair<size_t, uintptr_t>>& targets, bool verify, bool fresh) const {
-    if (verify && !snap_.verified()) {
+    if (verify && !verified()) {
       std::vector<ckpt::Extract> extracts;
       extracts.reserve(targets.size());
       for (const auto& [index, dst] : targets) {
@@ -296,8 +321,10 @@ class PySnapshot {
     return snap_.entries()[index];
   }
 
-  ckpt::Snapshot snap_;
+  // Declared before snap_: the store outlives the pin snap_ holds on it.
   std::shared_ptr<ckpt::SlotStore> store_;  // keeps a pinned slot's store alive
+  ckpt::Snapshot snap_;
+  bool checked_ = false;  // Verify() passed
 };
 
 // One rank's SlotStore (created by the agent, or by a Checkpointer without one)
@@ -413,6 +440,19 @@ class PyStore {
     if (absl::IsNotFound(snap.status())) return std::nullopt;
     Check(snap.status());
     return PySnapshot(std::move(*snap), store);
+  }
+
+  // The committed steps, newest first (a racy view: a step may be replaced
+  // before it is restored).
+  std::vector<uint64_t> Steps() const {
+    std::vector<std::pair<uint64_t, uint64_t>> order_step;
+    for (const ckpt::SlotInfo& info : store()->Inspect()) {
+      if (info.state == ckpt::SlotState::kCommitted) order_step.emplace_back(info.commit_order, info.step);
+    }
+    std::sort(order_step.rbegin(), order_step.rend());
+    std::vector<uint64_t> out;
+    for (const auto& [order, step] : order_step) out.push_back(step);
+    return out;
   }
 
   // Waits while the agent copies a peer's replica into this store; false on timeout.
@@ -558,6 +598,23 @@ PySnapshot ReadFile(const std::string& path, bool verify) {
   return PySnapshot(std::move(*snap), nullptr);
 }
 
+// A snapshot of the image at [address, address + nbytes) (memory the caller
+// owns and keeps alive and unchanged while the snapshot is used: a tensor an
+// image was received into). Header and index are validated here; the data
+// checksum by Verify() or a verified copy.
+PySnapshot SnapshotAt(uintptr_t address, uint64_t nbytes, const std::string& source) {
+  const auto* data = reinterpret_cast<const uint8_t*>(address);
+  ckpt::ParseOptions parse;
+  parse.verify_data = false;
+  parse.exact_size = true;
+  absl::StatusOr<ckpt::ParsedImage> image = ckpt::ParseImage(data, nbytes, source, parse);
+  Check(image.status());
+  ckpt::Snapshot snap(image->header.step, std::move(image->entries), image->data, image->header.data_bytes, source,
+                      nullptr, image->header.data_checksum, /*verified=*/false);
+  snap.set_image(data, nbytes);
+  return PySnapshot(std::move(snap), nullptr);
+}
+
 std::optional<uint64_t> ReadLatestStep(const std::string& dir) {
   absl::StatusOr<uint64_t> step = ckpt::ReadLatestStep(dir);
   if (absl::IsNotFound(step.status())) return std::nullopt;
@@ -691,6 +748,9 @@ PYBIND11_MODULE(_ballast, m) {
       .def("read_bytes", &PySnapshot::ReadBytes, py::arg("index"))
       .def("copy_to", &PySnapshot::CopyTo, py::arg("targets"), py::arg("verify") = false, py::arg("fresh") = true)
       .def_property_readonly("verified", [](const PySnapshot& s) { return s.verified(); })
+      .def_property_readonly("image_bytes", &PySnapshot::image_bytes)
+      .def("image_view", &PySnapshot::ImageView)
+      .def("verify", &PySnapshot::Verify)
       .def("copy_box", &PySnapshot::CopyBox, py::arg("index"), py::arg("elem_size"),
            py::arg("src_shape"), py::arg("src_start"), py::arg("dst"), py::arg("dst_shape"),
            py::arg("dst_start"), py::arg("box"));
@@ -704,6 +764,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"), py::arg("background") = false)
       .def("restore", &PyStore::Restore, py::arg("step") = py::none(), py::arg("verify") = true)
       .def("memory_step", &PyStore::MemoryStep)
+      .def("steps", &PyStore::Steps)
       .def("wait_incoming", &PyStore::WaitIncoming, py::arg("timeout_s"))
       .def("set_persist_config", &PyStore::SetPersistConfig, py::arg("dir"), py::arg("rank"),
            py::arg("world_size"), py::arg("keep"))
@@ -745,6 +806,10 @@ PYBIND11_MODULE(_ballast, m) {
   m.def("open_store", &PyStore::Open, py::arg("name"), py::arg("prefault") = true);
   m.def("read_file", &ReadFile, py::arg("path"), py::arg("verify") = true);
   m.def("read_latest_step", &ReadLatestStep, py::arg("dir"));
+  m.def("_snapshot_at", &SnapshotAt, py::arg("address"), py::arg("nbytes"), py::arg("source"));
+  m.def("_advise_fresh", [](uintptr_t address, uint64_t nbytes) {
+    AdviseHugePages(reinterpret_cast<uint8_t*>(address), nbytes);
+  }, py::arg("address"), py::arg("nbytes"), "Asks for huge pages on a fresh buffer before its first touch.");
   m.def("list_steps", &ckpt::ListSteps, py::arg("dir"));
   m.def("list_complete_steps", &ckpt::ListCompleteSteps, py::arg("dir"));
   m.def("shard_path", &ckpt::ShardPath, py::arg("dir"), py::arg("step"), py::arg("rank"));

@@ -253,9 +253,9 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
     return;
   }
   ckpt_ = std::move(*created);
-  std::vector<std::map<std::string, std::string>> env(ckpt_->num_stores());
-  for (int lr = 0; lr < ckpt_->num_stores(); ++lr) env[lr][kCkptShmEnv] = ckpt_->store_name(lr);
-  workers_->set_local_rank_env(std::move(env));
+  ckpt_env_.assign(ckpt_->num_stores(), {});
+  for (int lr = 0; lr < ckpt_->num_stores(); ++lr) ckpt_env_[lr][kCkptShmEnv] = ckpt_->store_name(lr);
+  workers_->set_local_rank_env(ckpt_env_);
   ckpt_->Start();
   spdlog::info("flash checkpoint: {} shared-memory stores {}-0..{} {}", ckpt_->num_stores(), po.name_prefix,
                ckpt_->num_stores() - 1, Fmt());
@@ -755,6 +755,16 @@ void Agent::StartRound(const v1::StartRound& start) {
   next_progress_report_ns_ = round_started_ns_;
   RestoreReplicas(start);
   SetReplicaPeers(start);
+  if (replica_server_ != nullptr) {
+    // The replicas held here as the round starts: a world of another size
+    // reads the lost ranks' steps from them (Checkpointer.load).
+    std::vector<std::map<std::string, std::string>> env = ckpt_env_;
+    const std::string held = absl::StrJoin(replica_server_->StoreNames(), ",");
+    if (!held.empty()) {
+      for (auto& e : env) e[kCkptReplicasEnv] = held;
+    }
+    workers_->set_local_rank_env(std::move(env));
+  }
   absl::Status s = workers_->Start(rs);
   if (!s.ok()) {
     report_start_failure(std::string(s.message()));
@@ -919,6 +929,20 @@ void Agent::TrackTimeline() {
                   ms(timeline_.started_ns));
   if (pg_up_s > 0) absl::StrAppend(&line, ", process group up ", ms(static_cast<uint64_t>(pg_up_s * 1e9)));
   absl::StrAppend(&line, ", first step ", ms(first_step_ns));
+  // For `ballast status` (sent with the progress reports).
+  auto rel_ms = [&](uint64_t t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1e6; };
+  v1::StartTimeline& tl = last_timeline_;
+  tl.Clear();
+  tl.set_round(round_);
+  tl.set_recovery(recovery);
+  tl.set_start(workers_->start_summary());
+  tl.set_failure_seen(timeline_.failure_ns != 0);
+  tl.set_decision_ms(rel_ms(timeline_.decision_ns));
+  tl.set_stopped_ms(rel_ms(timeline_.stopped_ns));
+  tl.set_started_ms(rel_ms(timeline_.started_ns));
+  if (pg_up_s > 0) tl.set_pg_up_ms(rel_ms(static_cast<uint64_t>(pg_up_s * 1e9)));
+  tl.set_first_step_ms(rel_ms(first_step_ns));
+  next_progress_report_ns_ = 0;  // report it now
   spdlog::info("{} timeline (round {}, {} start): {} {}", recovery ? "recovery" : "start", round_,
                workers_->start_summary(), line, Fmt());
   timeline_.failure_ns = 0;
@@ -1050,6 +1074,7 @@ void Agent::MaybeReportProgress() {
   report.set_round(round_);
   report.set_step(static_cast<int64_t>(sum.min_step));
   report.set_step_time_s(sum.step_time_s);
+  if (last_timeline_.round() > 0) *report.mutable_timeline() = last_timeline_;
   // Best effort with a short deadline: the main loop must keep supervising.
   absl::Status s = client_->ReportProgress(report, 0.5);
   if (!s.ok()) spdlog::debug("progress report: {} {}", s.ToString(), Fmt());

@@ -213,6 +213,8 @@ class Agent {
   // Copies of replicas into this node's stores, running while the workers
   // start (each store is marked incoming meanwhile); joined at the next round.
   std::vector<std::thread> replica_fetches_;
+  // BALLAST_CKPT_SHM of each local rank (the round adds BALLAST_CKPT_REPLICAS).
+  std::vector<std::map<std::string, std::string>> ckpt_env_;
   // Pre-flight check workers (RunCheck decisions); created in Run().
   std::unique_ptr<PrecheckRunner> precheck_;
   // The workers' progress cells (BALLAST_PROGRESS_SHM); null when /dev/shm is unusable.
@@ -245,6 +247,7 @@ class Agent {
     bool pending = false;      // waiting for the first step
   };
   Timeline timeline_;
+  v1::StartTimeline last_timeline_;  // the last completed one, for the master's status
 
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none

@@ -55,6 +55,9 @@ namespace ballast::agent {
 
 // The environment variable that tells a worker which store is its own.
 inline constexpr char kCkptShmEnv[] = "BALLAST_CKPT_SHM";
+// Comma-separated stores of the replicas this node holds for other ranks
+// (set at each round start; see replica.h).
+inline constexpr char kCkptReplicasEnv[] = "BALLAST_CKPT_REPLICAS";
 
 // Reports one durable shard to the master (MasterClient::ReportShardDurable in
 // the agent, a fake in tests). Must be thread-safe.

@@ -160,25 +160,6 @@ absl::Status ReceiveImage(int fd, ckpt::SlotStore* store, uint64_t step, uint64_
 
 }  // namespace
 
-std::string ReplicaRecord::ToKvValue() const {
-  return absl::StrCat(holder, " ", addr, " step=", step, " world=", world);
-}
-
-absl::StatusOr<ReplicaRecord> ReplicaRecord::FromKvValue(const std::string& value) {
-  std::vector<std::string> f = absl::StrSplit(value, ' ', absl::SkipEmpty());
-  ReplicaRecord r;
-  if (f.size() == 4 && absl::StartsWith(f[2], "step=") && absl::StartsWith(f[3], "world=") &&
-      absl::SimpleAtoi(f[2].substr(5), &r.step) && absl::SimpleAtoi(f[3].substr(6), &r.world)) {
-    r.holder = f[0];
-    r.addr = f[1];
-    return r;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("malformed replica record '", value, "'"));
-}
-
-std::string ReplicaKey(int rank, int k) { return absl::StrCat("ckpt-replica/", rank, "/", k); }
-std::string ReplicaEndpointKey(const std::string& node_id) { return absl::StrCat("ckpt-replica-ep/", node_id); }
-
 // ---------------------------------------------------------------------------
 // Server.
 
@@ -241,6 +222,13 @@ absl::StatusOr<ckpt::SlotStore*> ReplicaServer::StoreFor(int rank) {
   ckpt::SlotStore* raw = store.get();
   stores_[rank] = std::move(store);
   return raw;
+}
+
+std::vector<std::string> ReplicaServer::StoreNames() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& [rank, store] : stores_) names.push_back(store->name());
+  return names;
 }
 
 absl::StatusOr<ckpt::PinnedSlot> ReplicaServer::Pin(int rank, uint64_t step) {

@@ -53,20 +53,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckpt/slot_store.h"
+#include "common/replica_record.h"
 
 namespace ballast::agent {
 
-// Where one replica of a rank's step lives (the KV value).
-struct ReplicaRecord {
-  std::string holder;  // node id of the holding agent
-  std::string addr;    // host:port of its data channel
-  uint64_t step = 0;
-  int world = 0;
-  std::string ToKvValue() const;
-  static absl::StatusOr<ReplicaRecord> FromKvValue(const std::string& value);
-};
-std::string ReplicaKey(int rank, int k);
-std::string ReplicaEndpointKey(const std::string& node_id);
+using ballast::ReplicaEndpointKey;
+using ballast::ReplicaKey;
+using ballast::ReplicaRecord;
 
 class ReplicaServer {
  public:
@@ -77,6 +70,10 @@ class ReplicaServer {
   ReplicaServer& operator=(const ReplicaServer&) = delete;
 
   int port() const { return port_; }
+  // The shared-memory names of the stores held here (one per source rank
+  // that sent a replica), for the workers (BALLAST_CKPT_REPLICAS): a world
+  // that changed size reads lost ranks' steps from them.
+  std::vector<std::string> StoreNames();
   // The step of `rank` held here (newest when step is 0); for tests.
   absl::StatusOr<ckpt::PinnedSlot> Pin(int rank, uint64_t step);
 

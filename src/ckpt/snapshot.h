@@ -48,6 +48,14 @@ class Snapshot {
   bool verified() const { return verified_; }
   // Where it came from: "shm:/name.s1" or a file path.
   const std::string& source() const { return source_; }
+  // The whole image (header, index, data) the snapshot was parsed from, for
+  // sending it elsewhere as it is; null when the creator did not set it.
+  const uint8_t* image() const { return image_; }
+  uint64_t image_bytes() const { return image_bytes_; }
+  void set_image(const uint8_t* image, uint64_t bytes) {
+    image_ = image;
+    image_bytes_ = bytes;
+  }
 
  private:
   uint64_t step_ = 0;
@@ -58,6 +66,8 @@ class Snapshot {
   bool verified_ = true;
   std::string source_;
   std::shared_ptr<const void> keepalive_;
+  const uint8_t* image_ = nullptr;
+  uint64_t image_bytes_ = 0;
 };
 
 inline const Entry* Snapshot::Find(absl::string_view key) const {

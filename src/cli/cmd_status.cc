@@ -3,9 +3,15 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ballast/v1/master.grpc.pb.h"
 #include "cli/cli_util.h"
@@ -15,6 +21,54 @@
 
 namespace ballast::cli {
 namespace {
+
+// Each node's last (re)start, stage by stage.
+void PrintTimelines(const v1::JobStatus& s) {
+  bool header = false;
+  for (const auto& n : s.nodes()) {
+    if (!n.has_timeline()) continue;
+    const v1::StartTimeline& t = n.timeline();
+    if (!header) std::printf("last (re)start of each node (ms after the failure it saw, else after the decision):\n");
+    header = true;
+    auto at = [](double ms) { return absl::StrFormat("+%.0f", ms); };
+    std::string stages = t.failure_seen() ? absl::StrCat("failure 0, decision ", at(t.decision_ms())) : "decision 0";
+    absl::StrAppend(&stages, ", old workers stopped ", at(t.stopped_ms()), ", started ", at(t.started_ms()));
+    if (t.pg_up_ms() > 0) absl::StrAppend(&stages, ", process group up ", at(t.pg_up_ms()));
+    absl::StrAppend(&stages, ", first step ", at(t.first_step_ms()));
+    std::printf("  %-28s round %ld %s, %s: %s\n", n.node_id().c_str(), static_cast<long>(t.round()),
+                t.recovery() ? "restart" : "start", t.start().c_str(), stages.c_str());
+  }
+}
+
+// Where the ranks' checkpoint replicas are, by holder: "node-1: ranks 0-3 (step 12)".
+void PrintReplicas(const v1::JobStatus& s) {
+  if (s.replicas().empty()) return;
+  struct Held {
+    std::vector<int> ranks;
+    int64_t min_step = INT64_MAX, max_step = 0;
+  };
+  std::map<std::string, Held> by_holder;
+  for (const auto& r : s.replicas()) {
+    Held& h = by_holder[r.holder()];
+    h.ranks.push_back(r.rank());
+    h.min_step = std::min(h.min_step, r.step());
+    h.max_step = std::max(h.max_step, r.step());
+  }
+  std::printf("checkpoint replicas in memory:\n");
+  for (auto& [holder, h] : by_holder) {
+    std::sort(h.ranks.begin(), h.ranks.end());
+    std::string ranks;
+    for (size_t i = 0; i < h.ranks.size();) {
+      size_t j = i;
+      while (j + 1 < h.ranks.size() && h.ranks[j + 1] == h.ranks[j] + 1) ++j;
+      absl::StrAppend(&ranks, ranks.empty() ? "" : ",", h.ranks[i], j > i ? absl::StrCat("-", h.ranks[j]) : "");
+      i = j + 1;
+    }
+    std::string steps = h.min_step == h.max_step ? absl::StrCat("step ", h.max_step)
+                                                 : absl::StrCat("steps ", h.min_step, "-", h.max_step);
+    std::printf("  %-28s ranks %s (%s)\n", holder.c_str(), ranks.c_str(), steps.c_str());
+  }
+}
 
 void PrintHuman(const v1::JobStatus& s) {
   std::printf("job %s: %s, round %ld, world %d workers, restarts %d/%d, up %.0f s\n", s.job_id().c_str(),
@@ -46,6 +100,8 @@ void PrintHuman(const v1::JobStatus& s) {
   } else {
     std::printf("last failure: none\n");
   }
+  PrintTimelines(s);
+  PrintReplicas(s);
 }
 
 }  // namespace

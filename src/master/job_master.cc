@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/replica_record.h"
 #include "master/straggler.h"
 #include "spdlog/spdlog.h"
 
@@ -755,6 +756,7 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
                  report.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
   }
+  if (report.has_timeline() && report.timeline().round() >= rec->timeline.round()) rec->timeline = report.timeline();
   // Progress of an older round is stale but harmless: keep the newest only.
   if (report.round() == round_) {
     rec->last_step = report.step();
@@ -881,6 +883,7 @@ v1::JobStatus JobMaster::Status() const {
     ns->set_last_step(rec.last_step);
     if (auto it = step_times.find(rec.spec.node_id); it != step_times.end()) ns->set_step_time_s(it->second);
     ns->set_straggler(stragglers.count(rec.spec.node_id) > 0);
+    if (rec.timeline.round() > 0) *ns->mutable_timeline() = rec.timeline;
   };
   // Members in rank order first, then the other alive nodes, then the gone.
   for (const auto& m : world_.members) {
@@ -894,7 +897,28 @@ v1::JobStatus JobMaster::Status() const {
   st.set_message(message_);
   st.set_uptime_s(now - start_time_);
   st.set_precheck(precheck_.verdict);
+  AddReplicaLocations(&st);
   return st;
+}
+
+void JobMaster::AddReplicaLocations(v1::JobStatus* st) const {
+  std::vector<v1::ReplicaLocation> out;
+  for (auto it = kv_.lower_bound(std::string(kReplicaKeyPrefix));
+       it != kv_.end() && absl::StartsWith(it->first, kReplicaKeyPrefix); ++it) {
+    int rank = 0, copy = 0;
+    absl::StatusOr<ReplicaRecord> rec = ReplicaRecord::FromKvValue(it->second);
+    if (!ParseReplicaKey(it->first, &rank, &copy) || !rec.ok()) continue;  // not an agent's record
+    v1::ReplicaLocation& loc = out.emplace_back();
+    loc.set_rank(rank);
+    loc.set_copy(copy);
+    loc.set_holder(rec->holder);
+    loc.set_step(static_cast<int64_t>(rec->step));
+    loc.set_world_size(rec->world);
+  }
+  std::sort(out.begin(), out.end(), [](const v1::ReplicaLocation& a, const v1::ReplicaLocation& b) {
+    return std::make_pair(a.rank(), a.copy()) < std::make_pair(b.rank(), b.copy());
+  });
+  for (v1::ReplicaLocation& loc : out) *st->add_replicas() = std::move(loc);
 }
 
 // ---------------------------------------------------------------------------

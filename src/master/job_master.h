@@ -191,6 +191,8 @@ class JobMaster {
   }
   absl::Status CheckSpec(const v1::JobSpec& given) const;
   absl::Status CheckRound(const char* what, int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The replica records agents keep in the KV store, as status shows them.
+  void AddReplicaLocations(v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NnodesText() const;
 
   // Queues `d` for the node and makes it the node's current decision when it

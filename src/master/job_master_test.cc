@@ -849,5 +849,47 @@ TEST_F(JobMasterTest, StatusFlagsNodesSlowerThanFactorTimesMedian) {
   EXPECT_EQ(jm_->ReportProgress(v1::ProgressReport()).code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(JobMasterTest, StatusShowsEachNodesLastStartAndWhereReplicasAre) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Advance(0.5);
+  const int64_t round = jm_->Status().round();
+  v1::ProgressReport p;
+  p.set_node_id("a");
+  p.set_round(round);
+  p.set_step(3);
+  v1::StartTimeline* t = p.mutable_timeline();
+  t->set_round(round);
+  t->set_recovery(true);
+  t->set_start("warm (2 of 2)");
+  t->set_failure_seen(true);
+  t->set_decision_ms(30);
+  t->set_first_step_ms(250);
+  ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  // A report of an older round's start does not replace a newer one.
+  p.mutable_timeline()->set_round(round - 1);
+  p.mutable_timeline()->set_first_step_ms(9999);
+  ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  ASSERT_TRUE(jm_->KvSet("ckpt-replica/1/0", "a 10.0.0.1:4000 step=12 world=4").ok());
+  ASSERT_TRUE(jm_->KvSet("ckpt-replica/0/0", "b 10.0.0.2:4000 step=11 world=4").ok());
+  ASSERT_TRUE(jm_->KvSet("ckpt-replica/x/0", "garbage").ok());  // not an agent's record: not shown
+  v1::JobStatus st = jm_->Status();
+  std::map<std::string, v1::StartTimeline> timelines;
+  for (const auto& n : st.nodes()) {
+    if (n.has_timeline()) timelines[n.node_id()] = n.timeline();
+  }
+  ASSERT_EQ(timelines.size(), 1u);
+  EXPECT_EQ(timelines["a"].first_step_ms(), 250);
+  EXPECT_EQ(timelines["a"].start(), "warm (2 of 2)");
+  ASSERT_EQ(st.replicas_size(), 2);
+  EXPECT_EQ(st.replicas(0).rank(), 0);
+  EXPECT_EQ(st.replicas(0).holder(), "b");
+  EXPECT_EQ(st.replicas(0).step(), 11);
+  EXPECT_EQ(st.replicas(1).rank(), 1);
+  EXPECT_EQ(st.replicas(1).holder(), "a");
+  EXPECT_EQ(st.replicas(1).world_size(), 4);
+}
+
 }  // namespace
 }  // namespace ballast::master

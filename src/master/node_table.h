@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "ballast/v1/master.pb.h"
 #include "common/clock.h"
 #include "master/rendezvous.h"
 
@@ -42,6 +43,7 @@ struct NodeRecord {
   int64_t progress_round = 0;  // the round last_step/last_step_time_s belong to
   bool straggler = false;      // flagged at its last progress report (for a one-time warning)
   std::string gone_reason;  // why a dead/left node is gone
+  v1::StartTimeline timeline;  // its workers' last (re)start (from progress reports)
 };
 
 class NodeTable {

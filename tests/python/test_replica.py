@@ -39,14 +39,14 @@ def events(out, rank, kind):
 
 
 class PeerReplicas(TestCase):
-    def launch(self, out, *extra, kill=True):
+    def launch(self, out, *extra, kill=True, nodes="3", kill_rank=2, script_args=()):
         os.makedirs(out)
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        argv = [BIN, "launch", "--python", PYTHON, "--nodes", "3", "--nproc-per-node", "2",
+        argv = [BIN, "launch", "--python", PYTHON, "--nodes", nodes, "--nproc-per-node", "2",
                 "--max-restarts", "2", *extra, SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"),
-                "--steps", str(STEPS), "--step-time", "0.05"]
+                "--steps", str(STEPS), "--step-time", "0.05", *script_args]
         if kill:
-            argv += ["--kill-node-step", str(KILL_STEP), "--kill-rank", "2"]
+            argv += ["--kill-node-step", str(KILL_STEP), "--kill-rank", str(kill_rank)]
         p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=240)
         self.assertEqual(p.returncode, 0, p.stdout[-6000:])
@@ -79,6 +79,34 @@ class PeerReplicas(TestCase):
         self.assertNotEqual(starts[0]["shm"], starts[1]["shm"])
         # Every agent unlinked its stores and its replica stores.
         self.assertEqual(glob.glob("/dev/shm" + starts[1]["shm"].rsplit("-", 1)[0] + "-*"), [])
+
+    def test_a_shrunken_world_reshards_the_lost_ranks_state_from_the_replicas(self):
+        # Node rank 2 (ranks 4, 5) is lost and not replaced: the world goes on
+        # as 4 ranks. The momentum is saved sharded (each rank a slice of one
+        # flat vector), so the new ranks 2 and 3 need the slices of the lost
+        # ranks 4 and 5, which only node rank 0's replicas hold.
+        def run(name, *extra):
+            out = os.path.join(self.tmp, name)
+            log = self.launch(out, "--max-replacements", "0", *extra, nodes="2:3", kill_rank=4,
+                              script_args=["--shard-momentum"])
+            self.assertEqual(len(events(out, 4, "kill-node")), 1, log[-4000:])
+            for rank in range(4):
+                self.assertEqual(events(out, rank, "start")[-1]["world"], 4, log[-4000:])
+            loads = {r: events(out, r, "load")[-1] for r in range(4)}
+            restored = {r: events(out, r, "restored")[-1] for r in range(4)}
+            self.assertEqual({r: e["step"] for r, e in loads.items()}, dict.fromkeys(range(4), KILL_STEP),
+                             log[-4000:])
+            return out, log, {r: e["source"] for r, e in loads.items()}, restored
+
+        out, log, sources, restored = run("shrink")
+        self.assertEqual(sources, {0: "memory", 1: "memory", 2: "replica", 3: "replica"}, log[-4000:])
+        ref_out, ref_log, ref_sources, ref_restored = run("shrink-disk", "--ckpt-replicas", "0")
+        self.assertEqual(ref_sources, dict.fromkeys(range(4), "disk"), ref_log[-4000:])
+        # The same state as from disk, and the same training after it.
+        self.assertEqual({r: e["momentum"] for r, e in restored.items()},
+                         {r: e["momentum"] for r, e in ref_restored.items()})
+        self.assertEqual(self.final_hashes(out), self.final_hashes(ref_out))
+        self.assertEqual(len(self.final_hashes(out)), 4)
 
     def test_without_replicas_the_whole_world_loads_from_disk(self):
         out = os.path.join(self.tmp, "norep")

@@ -133,6 +133,16 @@ class Reshard(TestCase):
         with self.assertRaisesRegex(ValueError, "uncovered"):
             c.load(shards={"model/rows": ((10, 7), (0, 0), (10, 7))})
 
+    def test_coverage_counts_disjoint_and_overlapping_pieces(self):
+        from ballast.checkpoint import _uncovered
+        self.assertEqual(_uncovered((0, 0), (4, 4), [((0, 0), (2, 4)), ((2, 0), (4, 4))]), 0)
+        self.assertEqual(_uncovered((0, 0), (4, 4), [((0, 0), (2, 4))]), 8)
+        # Overlapping pieces (replicated rows) are not counted twice.
+        self.assertEqual(_uncovered((0, 0), (4, 4), [((0, 0), (3, 4)), ((1, 0), (3, 4))]), 4)
+        self.assertEqual(_uncovered((2, 0), (2, 4), [((2, 0), (3, 4)), ((3, 0), (4, 4))]), 0)
+        self.assertEqual(_uncovered((), (), [((), ())]), 0)
+        self.assertEqual(_uncovered((), (), []), 1)
+
     def test_read_checkpoint_full_assembles_everything(self):
         step, state = ballast.read_checkpoint(self.dir, full=True)
         self.assertEqual(step, 11)

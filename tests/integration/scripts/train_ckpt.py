@@ -37,6 +37,9 @@ p.add_argument("--kill-node-step", type=int, default=-1,
                help="at this step (first attempt) --kill-rank's whole node is lost: its agent is "
                     "SIGKILLed and its shared memory removed, after the step was saved everywhere")
 p.add_argument("--step-time", type=float, default=0.02)
+p.add_argument("--shard-momentum", action="store_true",
+               help="save the momentum as each rank's slice of one flat vector (ballast.Shard, as a "
+                    "ZeRO optimizer would) and load this world's slices (resharded when it changed)")
 args = p.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -104,14 +107,46 @@ def momentum_sha256():
     return h.hexdigest()
 
 
+FLAT = sum(prm.numel() for prm in params)
+base, extra = divmod(FLAT, world)
+sizes = [base + (1 if r < extra else 0) for r in range(world)]
+first = sum(sizes[:rank])  # this rank's slice of the flat momentum: [first, first + sizes[rank])
+
+
+def momentum_state():
+    if not args.shard_momentum:
+        return {str(i): opt.state[prm]["momentum_buffer"] for i, prm in enumerate(params)}
+    flat = torch.cat([opt.state[prm]["momentum_buffer"].reshape(-1) for prm in params])
+    return ballast.Shard(flat[first:first + sizes[rank]].clone(), (FLAT,), (first,))
+
+
+def restore_momentum(saved):
+    if not args.shard_momentum:
+        for i, prm in enumerate(params):
+            opt.state[prm]["momentum_buffer"] = saved[str(i)].clone()
+        return
+    # Every rank loaded its slice: gather the whole vector (padded to one size).
+    mine = torch.zeros(max(sizes))
+    mine[:sizes[rank]] = saved
+    parts = [torch.empty(max(sizes)) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    flat = torch.cat([part[:n] for part, n in zip(parts, sizes)])
+    offset = 0
+    for prm in params:
+        opt.state[prm]["momentum_buffer"] = flat[offset:offset + prm.numel()].reshape(prm.shape).clone()
+        offset += prm.numel()
+
+
 ckpt = ballast.Checkpointer(args.ckpt, keep=3)
-step, state = ckpt.load()
+if args.shard_momentum:
+    step, state = ckpt.load(shards={"momentum": ((FLAT,), (first,), (sizes[rank],))})
+else:
+    step, state = ckpt.load()
 log("load", step=step, source=ckpt.last_load_source)
 start = 0
 if state is not None:
     model.load_state_dict(state["model"])
-    for i, prm in enumerate(params):
-        opt.state[prm]["momentum_buffer"] = state["momentum"][str(i)].clone()
+    restore_momentum(state["momentum"])
     start = step + 1
     log("restored", step=step, sha256=weights_sha256(), momentum=momentum_sha256())
 
@@ -127,7 +162,7 @@ for step in range(start, args.steps):
     opt.step()
     state = {
         "model": model.state_dict(),
-        "momentum": {str(i): opt.state[prm]["momentum_buffer"] for i, prm in enumerate(params)},
+        "momentum": momentum_state(),
         "step": step,
     }
     kill_now = step == args.kill_step and restart == 0
