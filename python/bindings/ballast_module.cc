@@ -756,7 +756,7 @@ PYBIND11_MODULE(_ballast, m) {
            py::arg("dst_start"), py::arg("box"));
 
   py::class_<PyStore>(m, "Store")
-      .def_static("create", &PyStore::Create, py::arg("name"), py::arg("num_slots") = 2,
+      .def_static("create", &PyStore::Create, py::arg("name"), py::arg("num_slots") = 3,
                   py::arg("initial_slot_bytes") = 0, py::arg("prefault") = true)
       .def_static("open", &PyStore::Open, py::arg("name"), py::arg("prefault") = true)
       .def_property_readonly("name", [](const PyStore& s) { return s.store()->name(); })
@@ -800,7 +800,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def("wait", &PyLocalPersister::Wait, py::arg("step"), py::arg("timeout_s"))
       .def("close", &PyLocalPersister::Close);
 
-  m.def("create_store", &PyStore::Create, py::arg("name"), py::arg("num_slots") = 2,
+  m.def("create_store", &PyStore::Create, py::arg("name"), py::arg("num_slots") = 3,
         py::arg("initial_slot_bytes") = 0, py::arg("prefault") = true,
         "Creates (and owns) a SlotStore, as the agent does; for tests and tools.");
   m.def("open_store", &PyStore::Open, py::arg("name"), py::arg("prefault") = true);

@@ -530,18 +530,19 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
       StartRound(d.start_round());
       return std::nullopt;
     case v1::Decision::kWait:
-      if (running_round_) StopWorkers(absl::StrCat("waiting: ", d.wait().reason()));
+      if (running_round_) StopWorkers(absl::StrCat("waiting: ", d.wait().reason()), Breakpoint::kBackground);
       spdlog::info("waiting for a round: {} node={}", d.wait().reason(), options_.node_id);
       return std::nullopt;
     case v1::Decision::kStopWorkers:
       if (d.stop_workers().round() >= round_ && running_round_)
         StopWorkers(absl::StrCat("the master stops round ", d.stop_workers().round(), ": ",
-                                 d.stop_workers().reason()));
+                                 d.stop_workers().reason()),
+                    Breakpoint::kBackground);
       return std::nullopt;
     case v1::Decision::kJobFinished: {
       const auto& f = d.job_finished();
       // A succeeded job's workers exited 0 having persisted what they wanted.
-      StopWorkers("the job finished", /*breakpoint_save=*/!f.succeeded());
+      StopWorkers("the job finished", f.succeeded() ? Breakpoint::kNone : Breakpoint::kWait);
       if (f.succeeded()) {
         spdlog::info("job succeeded {}", Fmt());
         return 0;
@@ -551,7 +552,7 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
       return 1;
     }
     case v1::Decision::kRunCheck:
-      if (running_round_) StopWorkers("the master runs the pre-flight check");
+      if (running_round_) StopWorkers("the master runs the pre-flight check", Breakpoint::kBackground);
       precheck_->Start(d.run_check(), [this] { return SupersedingEventPending(); });
       return std::nullopt;
     case v1::Decision::kExcluded:
@@ -566,7 +567,7 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
   return std::nullopt;
 }
 
-void Agent::StopWorkers(const std::string& why, bool breakpoint_save) {
+void Agent::StopWorkers(const std::string& why, Breakpoint breakpoint) {
   if (precheck_ != nullptr) precheck_->Stop();
   probe_.reset();
   store_watch_ = StoreWatch{};
@@ -579,11 +580,17 @@ void Agent::StopWorkers(const std::string& why, bool breakpoint_save) {
   running_round_ = false;
   PublishState();
   // Breakpoint save, only now: with every worker dead no slot is being
-  // written, so each store's newest committed step is final. It runs before
-  // this node starts the next round's workers (StartRound calls us first), so
-  // when the new world meets in its rendezvous every node's newest in-memory
-  // step is durable, and the last reporter has committed it.
-  if (breakpoint_save && ckpt_ != nullptr && !kill_now_.load()) ckpt_->BreakpointSave(why);
+  // written, so each store's newest committed step is final. Before a
+  // restart it is pinned here and written by the persister's thread while
+  // the next round's workers start (they restore from memory; waiting for
+  // the disk cost a restart ~0.7 s per 64 MiB rank here); before the agent
+  // exits it is written now.
+  if (breakpoint == Breakpoint::kNone || ckpt_ == nullptr || kill_now_.load()) return;
+  if (breakpoint == Breakpoint::kBackground) {
+    ckpt_->BreakpointSaveAsync(why);
+  } else {
+    ckpt_->BreakpointSave(why);
+  }
 }
 
 absl::StatusOr<RoundEndpoint> Agent::RoundMasterEndpoint(const v1::StartRound& start) {
@@ -690,7 +697,7 @@ void Agent::StartRound(const v1::StartRound& start) {
   }
   timeline_.decision_ns = MonotonicNowNs();
   // Older workers go first: a new round never overlaps the old one.
-  StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_));
+  StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_), Breakpoint::kBackground);
   timeline_.stopped_ns = MonotonicNowNs();
   round_ = start.round();
   round_start_ = start;
@@ -774,7 +781,7 @@ void Agent::StartRound(const v1::StartRound& start) {
   running_round_ = true;
   timeline_.started_ns = MonotonicNowNs();
   timeline_.pending = true;
-  warm_due_ns_ = warm_ != nullptr ? timeline_.started_ns + 10'000'000'000ull : 0;
+  warm_due_ns_ = warm_ != nullptr ? timeline_.started_ns + kWarmPrepareFallbackNs : 0;
   store_watch_ = StoreWatch{};
   if (start.rank_offset() == 0 && start.world_size() > 1) {
     store_watch_.port = rs.master_port;
@@ -823,7 +830,11 @@ std::optional<int> Agent::PollWorkers() {
       // the tail is only repeated at debug level.
       spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}", e.status.Describe(), e.pid,
                     options_.node_id, e.global_rank, e.local_rank, e.round);
-      if (timeline_.failure_ns == 0) timeline_.failure_ns = MonotonicNowNs();
+      // The first failure of this round (one left from a round whose first
+      // step never came is stale).
+      if (timeline_.failure_ns == 0 || timeline_.failure_ns < timeline_.started_ns) {
+        timeline_.failure_ns = MonotonicNowNs();
+      }
       if (!e.stderr_tail.empty()) spdlog::debug("last stderr lines of rank {}:\n{}", e.global_rank, e.stderr_tail);
       // One report per round: the master restarts the whole round on the first
       // failure, and the others are usually its consequence.
@@ -906,14 +917,24 @@ void Agent::TrackTimeline() {
   const std::vector<WorkerInfo> workers = workers_->Workers();
   double pg_up_s = -1;
   bool all_stepped = !workers.empty() && progress_ != nullptr;
+  bool all_pg_up = !workers.empty();
+  int running = 0;
   for (const WorkerInfo& w : workers) {
     if (w.state != "running") continue;
+    ++running;
     pg_up_s = std::max(pg_up_s, w.pg_up_s);
+    all_pg_up = all_pg_up && w.pg_up_s > 0;
     if (progress_ == nullptr || w.local_rank >= progress_->num_cells() ||
         progress_->Read(w.local_rank).timestamp_ns <= timeline_.started_ns) {
       all_stepped = false;
     }
   }
+  // The workers' process groups are up (warm workers say so): their start
+  // is past its CPU-heavy part, so the next restart's interpreters may
+  // start importing now (a script that never calls ballast.step() would
+  // otherwise wait for the fallback).
+  if (running == 0) return;  // exited before a step: no timeline
+  if (all_pg_up && warm_due_ns_ != 0) warm_due_ns_ = std::min(warm_due_ns_, MonotonicNowNs());
   if (!all_stepped) return;
   const uint64_t first_step_ns = MonotonicNowNs();
   timeline_.pending = false;
@@ -1029,7 +1050,7 @@ void Agent::CheckHangs() {
                 w.global_rank, w.local_rank, round_,
                 blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "");
   kill(-w.pid, SIGKILL);
-  if (timeline_.failure_ns == 0) timeline_.failure_ns = MonotonicNowNs();
+  if (timeline_.failure_ns == 0 || timeline_.failure_ns < timeline_.started_ns) timeline_.failure_ns = MonotonicNowNs();
   // Reported now, with the hang as its cause; the reaped SIGKILL (and the
   // other workers' failures that follow it) are then consequences.
   round_failed_reported_ = true;

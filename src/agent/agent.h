@@ -172,8 +172,11 @@ class Agent {
   // reached the torch store (JudgeStore).
   void WatchStore();
   void ReportFailure(const v1::FailureReport& report);
-  // Stops the workers; then, unless the job succeeded, the breakpoint save.
-  void StopWorkers(const std::string& why, bool breakpoint_save = true);
+  // Stops the workers; then, unless the job succeeded, the breakpoint save:
+  // in the background when the agent goes on (a restart must not wait for
+  // the disk), else before returning.
+  enum class Breakpoint { kNone, kBackground, kWait };
+  void StopWorkers(const std::string& why, Breakpoint breakpoint = Breakpoint::kWait);
   // Creates the checkpoint stores (after Join: their names carry the job id).
   void StartCheckpointStores(const std::string& job_id);
   // Peer replicas (replica.h), before a round's workers start: stores this
@@ -233,9 +236,11 @@ class Agent {
   uint64_t next_store_check_ns_ = 0;
   v1::StartRound round_start_;  // the StartRound of round_
   // When the warm interpreters for the next restart are started: once the
-  // round's workers stepped (or 10 s after they started), so their imports do
-  // not compete with this start. 0 = done for this round.
+  // round's workers stepped or their process groups are up (or 3 s after
+  // they started), so their imports do not compete with this start. 0 = done
+  // for this round.
   uint64_t warm_due_ns_ = 0;
+  static constexpr uint64_t kWarmPrepareFallbackNs = 3'000'000'000ull;
   bool warm_disabled_logged_ = false;
   bool warm_ready_logged_ = true;  // false from PrepareWarm until all say ready
   // One (re)start's stages, CLOCK_MONOTONIC ns (0 = not seen).

@@ -90,7 +90,11 @@ absl::StatusOr<std::unique_ptr<CkptPersister>> CkptPersister::Create(CkptPersist
                                                                      ShardReporter reporter) {
   std::unique_ptr<CkptPersister> p(new CkptPersister(std::move(options), std::move(reporter)));
   ckpt::SlotStoreOptions so;
-  so.num_slots = 2;  // a save proceeds while the previous step is persisted
+  // A save proceeds while the previous step is persisted; an overlapped
+  // saver (save(blocking=False)) also keeps the step before its newest, the
+  // one the world has in common when a rank dies mid-save (the third slot is
+  // sized only by such a saver).
+  so.num_slots = 3;
   so.initial_slot_bytes = 0;
   so.prefault = true;
   so.replace_existing = true;
@@ -107,8 +111,10 @@ absl::StatusOr<std::unique_ptr<CkptPersister>> CkptPersister::Create(CkptPersist
 CkptPersister::~CkptPersister() { Stop(); }
 
 void CkptPersister::Start() {
-  if (thread_.joinable()) return;
-  thread_ = std::thread([this] { Loop(); });
+  if (!threads_.empty()) return;
+  // One thread per store: writing one rank's shard (a file write and fsync)
+  // must not hold up another's, whose step newer saves would overwrite meanwhile.
+  for (auto& sp : stores_) threads_.emplace_back([this, store = sp.get()] { Loop(*store); });
 }
 
 void CkptPersister::Stop() {
@@ -117,14 +123,20 @@ void CkptPersister::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  // A breakpoint save handed to the thread is written even when stopping.
+  for (auto& sp : stores_) {
+    std::lock_guard<std::mutex> store_lock(sp->mu);
+    WriteBreakpointLocked(*sp, options_.breakpoint_report_timeout_s);
+  }
 }
 
-void CkptPersister::Loop() {
+void CkptPersister::Loop(Store& store) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
-    PollOnce();
+    PollStore(store);
     lock.lock();
     cv_.wait_for(lock, std::chrono::duration<double>(options_.poll_interval_s), [&] { return stop_; });
   }
@@ -135,11 +147,15 @@ std::string CkptPersister::Keys(const ckpt::PersistConfig& cfg) const {
 }
 
 void CkptPersister::PollOnce() {
-  for (auto& sp : stores_) {
-    Store& s = *sp;
+  for (auto& sp : stores_) PollStore(*sp);
+}
+
+void CkptPersister::PollStore(Store& s) {
+  {
     std::lock_guard<std::mutex> lock(s.mu);
+    WriteBreakpointLocked(s, options_.report_timeout_s);
     std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
-    if (!cfg.has_value()) continue;  // the worker never asked for persistence
+    if (!cfg.has_value()) return;  // the worker never asked for persistence
     const auto now = Clock::now();
     const uint64_t requested = s.slots->requested_persist_step();
     const uint64_t durable = s.slots->durable_step();
@@ -258,6 +274,7 @@ void CkptPersister::ReportLocked(Store& s, double timeout_s) {
 }
 
 int CkptPersister::BreakpointSave(const std::string& why) {
+  BreakpointSaveAsync(why);  // pins what is to be written, then writes it here
   int written = 0;
   // Once the master failed to answer, don't wait the full deadline for every
   // other store: the reports are retried by the poll thread anyway.
@@ -265,24 +282,46 @@ int CkptPersister::BreakpointSave(const std::string& why) {
   for (auto& sp : stores_) {
     Store& s = *sp;
     std::lock_guard<std::mutex> lock(s.mu);
+    written += WriteBreakpointLocked(s, report_timeout_s) ? 1 : 0;
+    if (s.unreported.has_value()) report_timeout_s = 0.2;
+  }
+  return written;
+}
+
+int CkptPersister::BreakpointSaveAsync(const std::string& why) {
+  int pinned = 0;
+  for (auto& sp : stores_) {
+    Store& s = *sp;
+    std::lock_guard<std::mutex> lock(s.mu);
     std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
     if (!cfg.has_value()) continue;
     absl::StatusOr<ckpt::PinnedSlot> pin = s.slots->PinLatest();
     if (!pin.ok()) continue;  // nothing in memory
-    const uint64_t step = pin->step();
-    if (step <= s.slots->durable_step()) continue;
-    auto t0 = Clock::now();
-    absl::Status st = PersistLocked(s, *std::move(pin), *cfg, report_timeout_s);
-    if (s.unreported.has_value()) report_timeout_s = 0.2;
-    if (!st.ok()) {
-      spdlog::error("breakpoint save of step {} to {} failed: {} {}", step, cfg->dir, st.ToString(), Keys(*cfg));
-      continue;
-    }
-    ++written;
-    spdlog::info("breakpoint save: step {} of rank {} persisted from memory before restart ({}, {:.3f} s) {}", step,
-                 cfg->rank, why, std::chrono::duration<double>(Clock::now() - t0).count(), Keys(*cfg));
+    if (pin->step() <= s.slots->durable_step()) continue;
+    if (s.breakpoint.has_value() && s.breakpoint->pin.step() >= pin->step()) continue;  // already pending
+    s.breakpoint = Store::PendingBreakpoint{*std::move(pin), *cfg, why, Clock::now()};
+    ++pinned;
   }
-  return written;
+  if (pinned > 0) cv_.notify_all();
+  return pinned;
+}
+
+bool CkptPersister::WriteBreakpointLocked(Store& s, double report_timeout_s) {
+  if (!s.breakpoint.has_value()) return false;
+  Store::PendingBreakpoint b = std::move(*s.breakpoint);
+  s.breakpoint.reset();
+  const uint64_t step = b.pin.step();
+  if (step <= s.slots->durable_step()) return false;
+  const auto t0 = Clock::now();
+  absl::Status st = PersistLocked(s, std::move(b.pin), b.config, report_timeout_s);
+  if (!st.ok()) {
+    spdlog::error("breakpoint save of step {} to {} failed: {} {}", step, b.config.dir, st.ToString(), Keys(b.config));
+    return false;
+  }
+  spdlog::info("breakpoint save: step {} of rank {} persisted from memory ({}; {:.3f} s, {:.3f} s after the stop) {}",
+               step, b.config.rank, b.why, std::chrono::duration<double>(Clock::now() - t0).count(),
+               std::chrono::duration<double>(Clock::now() - b.since).count(), Keys(b.config));
+  return true;
 }
 
 }  // namespace ballast::agent

@@ -21,10 +21,12 @@
 //    step committed in the store;
 //  - BreakpointSave(): after the agent stopped its workers (a failure, a new
 //    round, a signal), persists each store's newest in-memory step when it is
-//    newer than the durable one, synchronously, so a step that only lived in
-//    memory reaches disk before anything restarts.
+//    newer than the durable one, so a step that only lived in memory reaches
+//    disk: synchronously before the agent exits, and in the background
+//    (BreakpointSaveAsync) before a restart, which must not wait for it.
 //
-// Threading: the poll thread and the agent's main thread (BreakpointSave) may
+// Threading: one poll thread per store (a slow shard write of one rank must
+// not hold up another's), and the agent's main thread (BreakpointSave) may
 // touch the same store; a per-store mutex serializes persisting it (both
 // write the same <shard>.tmp). SlotStore's pin/inspect/channel calls are
 // thread-safe themselves. The reporter is called from both threads and must
@@ -103,7 +105,7 @@ class CkptPersister {
   CkptPersister(const CkptPersister&) = delete;
   CkptPersister& operator=(const CkptPersister&) = delete;
 
-  // Starts / stops the poll thread. Stop is idempotent.
+  // Starts / stops the poll threads (one per store). Stop is idempotent.
   void Start();
   void Stop();
 
@@ -114,7 +116,7 @@ class CkptPersister {
   // The agent's current round, carried in reports (informational).
   void set_round(int64_t round) { round_ = round; }
 
-  // One pass of the poll thread: persists requested steps, retries failed
+  // One pass of the poll threads over every store: persists requested steps, retries failed
   // reports, picks up commits other agents made. Tests call it directly.
   void PollOnce();
 
@@ -123,6 +125,13 @@ class CkptPersister {
   // workers are stopped (so the newest step is final). Returns the number of
   // shards written; `why` goes into the log line.
   int BreakpointSave(const std::string& why);
+  // The same without waiting for the disk: pins each store's newest step now
+  // (final: the workers are stopped) and leaves the writing to the poll
+  // thread, which does it before anything else for that store. The next
+  // round's workers start meanwhile (they restore from memory; their saves
+  // never overwrite the pinned step). Stop() and BreakpointSave() finish a
+  // pending one first. Returns the number of steps pinned.
+  int BreakpointSaveAsync(const std::string& why);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -130,6 +139,14 @@ class CkptPersister {
     int local_rank = 0;
     std::unique_ptr<ckpt::SlotStore> slots;
     std::mutex mu;  // serializes persisting this store (poll thread vs breakpoint save)
+    // A breakpoint save the poll thread has yet to write (BreakpointSaveAsync).
+    struct PendingBreakpoint {
+      ckpt::PinnedSlot pin;
+      ckpt::PersistConfig config;
+      std::string why;
+      Clock::time_point since;
+    };
+    std::optional<PendingBreakpoint> breakpoint ABSL_GUARDED_BY(mu);
     // A request that cannot be served (its step was overwritten in memory by
     // newer, unrequested steps): not retried until a newer request comes.
     uint64_t skipped_request ABSL_GUARDED_BY(mu) = 0;
@@ -148,10 +165,13 @@ class CkptPersister {
   };
 
   CkptPersister(CkptPersisterOptions options, ShardReporter reporter);
-  void Loop();
+  void Loop(Store& store);  // one store's thread
+  void PollStore(Store& s);
   // Writes the pinned step as cfg.rank's shard, marks it durable, reports it.
   absl::Status PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg, double report_timeout_s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Writes s.breakpoint, if any (and clears it). Returns true if it wrote one.
+  bool WriteBreakpointLocked(Store& s, double report_timeout_s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Reports s.unreported to the master and commits the step if told to.
   void ReportLocked(Store& s, double timeout_s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   std::string Keys(const ckpt::PersistConfig& cfg) const;  // "node= rank= round=" log keys
@@ -164,7 +184,7 @@ class CkptPersister {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;  // one per store
 };
 
 }  // namespace ballast::agent

@@ -186,6 +186,38 @@ TEST_F(AgentCkptPersisterTest, BreakpointSavePersistsTheNewestInMemoryStepOnce) 
   EXPECT_EQ(persister_->BreakpointSave("again"), 0);
 }
 
+TEST_F(AgentCkptPersisterTest, BackgroundBreakpointSaveKeepsItsStepWhileTheNextWorkersSave) {
+  Save(0, 5, false);
+  Save(1, 5, false);
+  ASSERT_TRUE(workers_[0]->SetPersistConfig({dir_, 0, 2, 3}).ok());
+  ASSERT_TRUE(workers_[1]->SetPersistConfig({dir_, 1, 2, 3}).ok());
+  // The workers died with step 5 only in memory: pinned now, written later.
+  EXPECT_EQ(persister_->BreakpointSaveAsync("round 2 replaces round 1"), 2);
+  EXPECT_EQ(persister_->BreakpointSaveAsync("again"), 0);  // already pending
+  EXPECT_EQ(workers_[0]->durable_step(), 0u);
+  // The restarted worker saves twice before the persister's thread runs:
+  // step 5's slot is pinned, so step 7 overwrites step 6 instead.
+  Save(0, 6, false);
+  Save(0, 7, false);
+  persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 5u);
+  EXPECT_EQ(workers_[1]->durable_step(), 5u);
+  EXPECT_EQ(*ckpt::ReadLatestStep(dir_), 5u);
+  auto snap = ckpt::ReadLatest(dir_, 0);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step(), 5u);
+  EXPECT_EQ(persister_->BreakpointSaveAsync("nothing newer than durable"), 1);  // step 7 of rank 0
+}
+
+TEST_F(AgentCkptPersisterTest, StoppingThePersisterWritesAPendingBreakpointSave) {
+  Save(0, 4, false);
+  ASSERT_TRUE(workers_[0]->SetPersistConfig({dir_, 0, 2, 3}).ok());
+  EXPECT_EQ(persister_->BreakpointSaveAsync("the agent is exiting"), 1);
+  persister_->Stop();
+  EXPECT_EQ(workers_[0]->durable_step(), 4u);
+  EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 4, 0)));
+}
+
 TEST_F(AgentCkptPersisterTest, WithoutTheMasterAStepCommitsOnceAllShardsAreOnDisk) {
   master_.unavailable = absl::UnavailableError("master gone");
   Save(0, 7, true);

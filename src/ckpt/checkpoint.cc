@@ -168,7 +168,8 @@ absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step,
     sources.push_back(v.data);
   }
   ASSIGN_OR_RETURN(Layout layout, PlanLayout(&entries));
-  ASSIGN_OR_RETURN(SlotWrite write, store_->BeginSave(step, layout.image_bytes));
+  ASSIGN_OR_RETURN(SlotWrite write, store_->BeginSave(step, layout.image_bytes, /*grow_others=*/true,
+                                                      /*keep_newest=*/options_.background ? 2 : 1));
   // Order inside the slot does not matter for crash safety: the slot's seq is
   // odd until Commit, so no reader looks at these bytes before they are whole.
   uint8_t* image = write.image();

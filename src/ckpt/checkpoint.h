@@ -51,7 +51,9 @@ struct WriterOptions {
   // Unit of parallel work (rounded to 64 bytes).
   uint64_t chunk_bytes = 4u << 20;
   // Copy on idle-priority threads (a save that overlaps training: it takes
-  // only CPU time the training does not use).
+  // only CPU time the training does not use). Such a save also keeps the two
+  // newest committed steps (SlotStore::BeginSave keep_newest = 2): ranks that
+  // overlap their saves can be two saves apart when one of them dies.
   bool background = false;
   // Test hook: runs after the data is copied into the slot and before the
   // header is written and the slot committed (used to SIGKILL a writer in the

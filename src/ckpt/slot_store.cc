@@ -234,35 +234,47 @@ bool SlotStore::HasLivePin(SlotControl& c) {
   return live;
 }
 
-absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others) {
+absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others,
+                                                int keep_newest) {
   RETURN_IF_ERROR(AcquireWriter());
-  // Rank candidates: slots that are not the newest committed one first
-  // (empty or torn before committed, older commits before newer), the newest
-  // committed slot last (used only when all others are pinned).
+  keep_newest = std::clamp(keep_newest, 1, std::max(1, num_slots_ - 1));
+  // Rank candidates: slots that are not among the keep_newest newest
+  // committed ones first (empty or torn before committed, older commits
+  // before newer; a slot already big enough before one that would have to
+  // grow, so a writer that keeps one step never sizes a third slot), then the
+  // kept ones, oldest first (used only when all others are pinned).
   struct Cand {
     int slot;
-    uint64_t rank;
+    uint64_t order;  // commit order; 0 = not committed
+    bool kept = false;
+    bool small = false;
   };
   std::vector<Cand> cands;
-  int newest = -1;
-  uint64_t newest_order = 0;
   for (int i = 0; i < num_slots_; ++i) {
     SlotControl& c = slot_control(i);
     const uint64_t seq = c.seq.load(std::memory_order_acquire);
     const bool committed =
         seq % 2 == 0 && c.state.load() == static_cast<uint32_t>(SlotState::kCommitted);
-    const uint64_t order = committed ? c.commit_order.load() : 0;
-    if (committed && (newest < 0 || order > newest_order)) {
-      newest = i;
-      newest_order = order;
+    Cand cand{i, committed ? c.commit_order.load() : 0};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cand.small = slots_[i]->size() < image_bytes;
     }
-    cands.push_back({i, order});
+    cands.push_back(cand);
   }
+  std::vector<Cand*> by_order;
+  for (Cand& c : cands) {
+    if (c.order > 0) by_order.push_back(&c);
+  }
+  std::sort(by_order.begin(), by_order.end(), [](const Cand* a, const Cand* b) { return a->order > b->order; });
+  for (int k = 0; k < keep_newest && k < static_cast<int>(by_order.size()); ++k) by_order[k]->kept = true;
   std::sort(cands.begin(), cands.end(), [&](const Cand& a, const Cand& b) {
-    const bool an = a.slot == newest, bn = b.slot == newest;
-    if (an != bn) return !an;
-    return a.rank < b.rank;
+    if (a.kept != b.kept) return !a.kept;
+    if (!a.kept && a.small != b.small) return !a.small;
+    return a.order < b.order;
   });
+  // The slots this writer needs sized: the kept ones and the one it writes.
+  const int want_sized = keep_newest + 1;
   for (const Cand& cand : cands) {
     SlotControl& c = slot_control(cand.slot);
     if (HasLivePin(c)) continue;
@@ -294,19 +306,31 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
           c.state.store(static_cast<uint32_t>(SlotState::kEmpty), std::memory_order_relaxed);
           return s;
         }
-        // The next save would pay the same for its slot: grow the others now,
-        // in the background (it waits on mu_ until this save is under way).
-        bool others_smaller = false;
-        for (const auto& other : slots_) others_smaller = others_smaller || other->size() < want;
-        if (grow_others && prefault_ && others_smaller && !growing_.load()) {
+        // The next saves would pay the same for their slots: grow the ones
+        // this writer uses (want_sized of them, the biggest first) now, in
+        // the background (it waits on mu_ until this save is under way).
+        std::vector<int> to_grow;
+        {
+          std::vector<int> order(slots_.size());
+          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int a, int b) { return slots_[a]->size() > slots_[b]->size(); });
+          int sized = 1;  // this one
+          for (int i : order) {
+            if (i == cand.slot || sized >= want_sized) continue;
+            ++sized;
+            if (slots_[i]->size() < want) to_grow.push_back(i);
+          }
+        }
+        if (grow_others && prefault_ && !to_grow.empty() && !growing_.load()) {
           if (grow_thread_.joinable()) grow_thread_.join();  // finished: growing_ is false
           growing_ = true;
-          grow_thread_ = std::thread([this, want] {
+          grow_thread_ = std::thread([this, want, to_grow] {
             {
               std::lock_guard<std::mutex> lock(mu_);
-              for (auto& other : slots_) {
+              for (int i : to_grow) {
                 // Best effort: a failure shows again, as an error, when a save needs the slot.
-                if (other->size() < want) (void)other->EnsureCapacity(want, /*prefault=*/true);
+                if (slots_[i]->size() < want) (void)slots_[i]->EnsureCapacity(want, /*prefault=*/true);
               }
             }
             growing_ = false;

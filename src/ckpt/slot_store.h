@@ -3,7 +3,7 @@
 // Objects (POSIX shm under /dev/shm), all created and owned by the agent so
 // they survive a worker's death, and opened by the worker:
 //   <name>      control block (4 KiB): per-slot seqlock, state, step, size
-//   <name>.s<i> slot i (i < num_slots, default 2): one checkpoint image in the
+//   <name>.s<i> slot i (i < num_slots; the agent makes 3): one checkpoint image in the
 //               format of format.h; grows when a larger state arrives
 // (One object per slot instead of one big segment, so a slot grows by
 // ftruncate without moving the other slot's committed data.)
@@ -33,10 +33,9 @@
 //  5. Pins and the writer lock hold pids; a holder that died (kill(pid, 0) ==
 //     ESRCH) is cleared, so a crashed reader cannot block a slot forever.
 //  6. The image itself carries header/index/data checksums, verified on restore.
-// If every slot other than the newest committed one is pinned, the writer
-// overwrites the newest committed slot (the pinned older step is still whole
-// and being made durable) rather than wait; with num_slots = 3 that never
-// happens with a single persister.
+// If every slot other than the kept newest committed ones (BeginSave's
+// keep_newest) is pinned, the writer overwrites a kept one, oldest first (the
+// pinned older step is still whole and being made durable) rather than wait.
 //
 // Thread safety: a SlotStore may be shared by threads of one process (a mutex
 // guards the mappings); BeginSave/Commit must come from one thread at a time.
@@ -67,8 +66,8 @@ class SlotStore;
 
 struct SlotStoreOptions {
   // Number of image slots (2..4). 2 lets a save proceed while the previous
-  // step is persisted; 3 also keeps the newest in-memory step while an older
-  // one is still being persisted.
+  // step is persisted; 3 also keeps the step before the newest for an
+  // overlapped saver (keep_newest = 2). A slot takes memory only once used.
   int num_slots = 2;
   // Initial capacity of each slot in bytes (slots grow on demand).
   uint64_t initial_slot_bytes = 0;
@@ -185,7 +184,12 @@ class SlotStore {
   // grew its slot grows the other slots in the background (holding the
   // mappings' lock, so a Pin waits for it) unless grow_others is false: a
   // replica copied in just before the worker restores it.
-  absl::StatusOr<SlotWrite> BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others = true);
+  // keep_newest: how many of the newest committed steps the save must not
+  // overwrite while another slot is free (1: a blocking saver; 2: an
+  // overlapped one, whose ranks can be two saves apart when one dies, so the
+  // world's common step is the one before the newest; needs 3 slots).
+  absl::StatusOr<SlotWrite> BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others = true,
+                                      int keep_newest = 1);
   // Publishes the slot: image[0, image_bytes) must hold a complete image whose
   // header is written. After Commit returns, readers see this step.
   absl::Status Commit(SlotWrite* write, uint64_t image_bytes, SlotOrigin origin = SlotOrigin::kSaved);

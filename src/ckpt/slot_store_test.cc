@@ -196,6 +196,40 @@ TEST(CkptSlotStore, ThreeSlotsKeepNewestWhileOlderIsPersisted) {
   }
 }
 
+TEST(CkptSlotStore, ABlockingSaverUsesTwoOfThreeSlotsAndAnOverlappedOneKeepsTwoSteps) {
+  auto committed_steps = [](SlotStore* s) {
+    std::vector<uint64_t> steps;
+    for (const SlotInfo& info : s->Inspect()) {
+      if (info.state == SlotState::kCommitted) steps.push_back(info.step);
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  };
+  auto store = SlotStore::Create(UniqueShmName("keep"), StoreOpts(3));
+  ASSERT_TRUE(store.ok());
+  StepState st(1, 4096);
+  {
+    CheckpointWriter writer(store->get(), Opts(1));
+    for (uint64_t step = 1; step <= 5; ++step) {
+      st.Fill(step);
+      ASSERT_TRUE(writer.Save(step, st.views).ok());
+    }
+  }
+  EXPECT_EQ(committed_steps(store->get()), (std::vector<uint64_t>{4, 5}));
+  int unsized = 0;
+  for (const SlotInfo& info : (*store)->Inspect()) unsized += info.capacity == 0 ? 1 : 0;
+  EXPECT_EQ(unsized, 1);  // the third slot costs no memory
+  WriterOptions bg = Opts(1);
+  bg.background = true;
+  CheckpointWriter overlapped(store->get(), bg);
+  for (uint64_t step = 6; step <= 9; ++step) {
+    st.Fill(step);
+    ASSERT_TRUE(overlapped.Save(step, st.views).ok());
+    // The two newest before this save survive it.
+    EXPECT_EQ(committed_steps(store->get()), (std::vector<uint64_t>{step - 2, step - 1, step}));
+  }
+}
+
 TEST(CkptSlotStore, AllSlotsPinnedMakesSaveUnavailable) {
   auto store = SlotStore::Create(UniqueShmName("full"));
   ASSERT_TRUE(store.ok());
