@@ -5,6 +5,11 @@ A job of STEPS steps of --step-time seconds of simulated accelerator compute
 MiB of state per rank) has a worker SIGKILLed after about every --kill-every
 seconds of compute. Goodput = STEPS x step_time / (launch -> job done), so
 start-up, checkpoint stalls, recovery and recomputed steps all count as lost.
+Beside it: the same wall time's productive share by the definition of the
+master's goodput accountant (the duration of each step that reached a new
+step number, from the script's step log) and, for Ballast, the accountant's
+own figure from the job summary line (its wall runs from the master's start
+to the job's end, a little shorter than launch -> exit).
 
 Systems, same script, same machine, one after the other:
   ballast (warm restart, overlapped flash save every step, persisted every 10)
@@ -19,6 +24,7 @@ usage: goodput_bench.py [--ballast build/bin/ballast] [--steps 500] [--step-time
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,7 +77,29 @@ def run(cmd, script_flags, a, kills, env=None):
     starts = [e for e in evs0 if e["event"] == "start"]
     first_step = next(e["t"] for e in evs0 if e["event"] == "step") - t0
     steps_run = sum(1 for e in evs0 if e["event"] == "step")
-    return {"wall_s": wall, "goodput": a.steps * a.step_time / wall, "kills": len(kill_times),
+    # Productive time from the script's own step log, defined as the master's
+    # accountant defines it (master/goodput.h): the duration of each step
+    # that reached a step number for the first time; a process's first step
+    # after its start belongs to the (re)start.
+    productive, high, prev = 0.0, 0, None
+    for e in evs0:
+        if e["event"] == "start":
+            prev = None
+        elif e["event"] == "step":
+            if prev is not None and e["step"] > high:
+                productive += e["t"] - prev
+            high = max(high, e["step"])
+            prev = e["t"]
+    # Ballast's own figure: the master's accountant, in the job summary line.
+    accountant = None
+    with open(os.path.join(out, "launcher.log")) as f:
+        for line in f:
+            m = re.search(r"summary: goodput ([0-9.]+)% of ([0-9.]+) s", line)
+            if m:
+                accountant = float(m.group(1)) / 100
+    return {"wall_s": wall, "goodput": a.steps * a.step_time / wall, "accountant_goodput": accountant,
+            "step_log_goodput": productive / wall,
+            "kills": len(kill_times),
             "starts": len(starts), "steps_run": steps_run, "redone_steps": steps_run - a.steps,
             "first_step_s": first_step, "loads": [(s["step"], s["source"], round(s["load_s"], 3)) for s in starts],
             "out": out}
@@ -113,7 +141,9 @@ def main():
         for label, k in (("failures", kills),) + ((("clean", 0),) if not a.no_clean else ()):
             r = run(cmd(), flags, a, k, env=env)
             rows[label] = r
-            print(f"{name:70s} {label:8s} goodput {r['goodput']:.3f}  wall {r['wall_s']:6.1f} s  kills {r['kills']}  "
+            acc = f" (step log: {r['step_log_goodput']:.3f}" + (
+                "" if r["accountant_goodput"] is None else f", master's accountant: {r['accountant_goodput']:.3f}") + ")"
+            print(f"{name:70s} {label:8s} goodput {r['goodput']:.3f}{acc}  wall {r['wall_s']:6.1f} s  kills {r['kills']}  "
                   f"redone steps {r['redone_steps']:3d}  first step {r['first_step_s']:.1f} s  loads {r['loads']}",
                   flush=True)
         results[name] = rows

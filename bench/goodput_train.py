@@ -102,6 +102,8 @@ for step in range(start, a.steps):
             os.replace(os.path.join(a.ckpt_dir, "latest.tmp"), os.path.join(a.ckpt_dir, "latest"))
             old = os.path.join(a.ckpt_dir, f"step-{step - 2 * a.torch_every}")
             shutil.rmtree(old, ignore_errors=True)
+    if a.ckpt == "ballast":
+        ballast.step(step + 1)  # progress for the agent (hang detection) and the master's goodput accountant
     log(a.out, rank, event="step", step=step + 1)
 
 if a.ckpt == "ballast":

@@ -830,6 +830,9 @@ std::optional<int> Agent::PollWorkers() {
       // the tail is only repeated at debug level.
       spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}", e.status.Describe(), e.pid,
                     options_.node_id, e.global_rank, e.local_rank, e.round);
+      // The steps its node made up to now, before the failure: the master
+      // counts the time after the last of them as lost.
+      MaybeReportProgress(/*now_please=*/true);
       // The first failure of this round (one left from a round whose first
       // step never came is stale).
       if (timeline_.failure_ns == 0 || timeline_.failure_ns < timeline_.started_ns) {
@@ -860,6 +863,7 @@ std::optional<int> Agent::PollWorkers() {
       ReportFailure(report);
     } else {
       spdlog::info("all {} workers exited 0; waiting for the other nodes {}", options_.run.nproc_per_node, Fmt());
+      MaybeReportProgress(/*now_please=*/true);  // the last steps, for the master's goodput accountant
       auto t0 = Clock::now();
       absl::Status s;
       do {
@@ -938,6 +942,9 @@ void Agent::TrackTimeline() {
   if (!all_stepped) return;
   const uint64_t first_step_ns = MonotonicNowNs();
   timeline_.pending = false;
+  // The round's first step, for the master's goodput accountant: every
+  // worker made one (the lowest step now; a worker may be a step further).
+  first_step_ = FirstStep{round_, first_step_ns, progress_->Summarize().min_step};
   // Warm interpreters for the next restart may start now.
   if (warm_due_ns_ != 0) warm_due_ns_ = first_step_ns;
   const bool recovery = timeline_.failure_ns != 0 || round_start_.restart_count() > 0 || round_ > 1;
@@ -1083,10 +1090,10 @@ void Agent::CheckHangs() {
   ReportFailure(report);
 }
 
-void Agent::MaybeReportProgress() {
+void Agent::MaybeReportProgress(bool now_please) {
   if (progress_ == nullptr) return;
   const uint64_t now = MonotonicNowNs();
-  if (now < next_progress_report_ns_) return;
+  if (now < next_progress_report_ns_ && !now_please) return;
   next_progress_report_ns_ = now + static_cast<uint64_t>(options_.tunables.progress_report_interval_s * 1e9);
   ProgressSummary sum = progress_->Summarize();
   if (!sum.any_step) return;
@@ -1095,6 +1102,12 @@ void Agent::MaybeReportProgress() {
   report.set_round(round_);
   report.set_step(static_cast<int64_t>(sum.min_step));
   report.set_step_time_s(sum.step_time_s);
+  report.set_step_age_s(now > sum.min_step_ns ? static_cast<double>(now - sum.min_step_ns) / 1e9 : 0);
+  if (first_step_.round == round_) {
+    report.set_first_step_known(true);
+    report.set_first_step(static_cast<int64_t>(first_step_.step));
+    report.set_first_step_age_s(static_cast<double>(now - std::min(now, first_step_.ns)) / 1e9);
+  }
   if (last_timeline_.round() > 0) *report.mutable_timeline() = last_timeline_;
   // Best effort with a short deadline: the main loop must keep supervising.
   absl::Status s = client_->ReportProgress(report, 0.5);

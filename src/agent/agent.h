@@ -190,8 +190,8 @@ class Agent {
   // Hang detection (--hang-timeout): a hung worker's stacks are dumped, it is
   // killed and its failure reported with the hang evidence.
   void CheckHangs();
-  // Every progress_report_interval_s: the node's min step and step time.
-  void MaybeReportProgress();
+  // Every progress_report_interval_s (or now): the node's min step and step time.
+  void MaybeReportProgress(bool now_please = false);
   // Starts a warm interpreter per local rank for the next (re)start.
   void PrepareWarm();
   // The recovery timeline: logs, once the round's workers all stepped, when
@@ -253,6 +253,13 @@ class Agent {
   };
   Timeline timeline_;
   v1::StartTimeline last_timeline_;  // the last completed one, for the master's status
+  // When the round's workers had all made a step, and the (lowest) step then.
+  struct FirstStep {
+    int64_t round = 0;
+    uint64_t ns = 0;
+    uint64_t step = 0;
+  };
+  FirstStep first_step_;
 
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none

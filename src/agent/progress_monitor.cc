@@ -113,7 +113,12 @@ ProgressSummary ProgressMonitor::Summarize() {
   for (int i = 0; i < num_cells_; ++i) {
     CellSnapshot now = Read(i);
     if (now.timestamp_ns != 0) {
-      sum.min_step = sum.any_step ? std::min(sum.min_step, now.step) : now.step;
+      if (!sum.any_step || now.step < sum.min_step) {
+        sum.min_step = now.step;
+        sum.min_step_ns = now.timestamp_ns;
+      } else if (now.step == sum.min_step) {
+        sum.min_step_ns = std::max(sum.min_step_ns, now.timestamp_ns);
+      }
       sum.any_step = true;
     }
     slowest = std::max(slowest, StepTime(baseline_[i], now));

@@ -54,6 +54,7 @@ HangVerdict CheckHang(const CellSnapshot& cell, uint64_t now_ns, uint64_t starte
 struct ProgressSummary {
   bool any_step = false;   // some worker reported a step
   uint64_t min_step = 0;   // the lowest step over the workers that reported one
+  uint64_t min_step_ns = 0;  // CLOCK_MONOTONIC when the last worker at min_step reached it
   double step_time_s = 0;  // the slowest worker's mean step time over the interval; 0 = unknown
 };
 

@@ -17,6 +17,7 @@
 #include "common/tunables.h"
 #include "spdlog/spdlog.h"
 
+#include "master/goodput.h"
 #include "master/master_server.h"
 
 namespace ballast::agent {
@@ -147,6 +148,9 @@ int RunAgent(const RunOptions& options) {
     signals.Detach();
   }
   if (master) {
+    const v1::JobStatus final_status = master->Status();
+    spdlog::info("job {} summary: {}; {} worker restart(s)", master->job_id(),
+                 master::FormatGoodput(final_status.goodput()), final_status.restart_count());
     // Other nodes must hear the final decision before the master goes away.
     master->Shutdown(standalone ? std::min(1.0, tunables.finish_linger_s) : tunables.finish_linger_s);
   }

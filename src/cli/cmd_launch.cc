@@ -24,6 +24,7 @@
 #include "common/net.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
+#include "master/goodput.h"
 #include "master/master_server.h"
 #include "scheduler/local/local_scheduler.h"
 #include "scheduler/node_manager.h"
@@ -227,6 +228,10 @@ int LaunchCommand(const Args& args) {
     usleep(50000);
   }
   sched.StopAll(Tunables::Get().stop_grace_s);
+  // The job in one paragraph: where its wall time went, what it survived.
+  const v1::JobStatus final_status = m.Status();
+  spdlog::info("job {} summary: {}; {} worker restart(s), {} node replacement(s)", m.job_id(),
+               master::FormatGoodput(final_status.goodput()), final_status.restart_count(), nodes.replacements());
   m.Shutdown(0);
   if (!launch_failure.empty()) {
     std::fprintf(stderr, "ballast launch: job %s failed: %s\n", m.job_id().c_str(), launch_failure.c_str());

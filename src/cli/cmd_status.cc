@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "common/grpc_util.h"
 #include "common/net.h"
+#include "master/goodput.h"
 
 namespace ballast::cli {
 namespace {
@@ -75,6 +76,7 @@ void PrintHuman(const v1::JobStatus& s) {
               s.state().c_str(), static_cast<long>(s.round()), s.world_size(), s.restart_count(),
               s.spec().max_restarts(), s.uptime_s());
   std::printf("nodes %d:%d (unit %d)\n", s.spec().min_nodes(), s.spec().max_nodes(), s.spec().node_unit());
+  if (s.has_goodput()) std::printf("%s\n", master::FormatGoodput(s.goodput()).c_str());
   if (!s.message().empty()) std::printf("message: %s\n", s.message().c_str());
   std::printf("  %-28s %-16s %-9s %5s %8s %10s %8s %10s\n", "NODE", "HOST", "STATE", "RANK", "WORKERS",
               "HEARTBEAT", "STEP", "STEP TIME");
@@ -103,6 +105,8 @@ void PrintHuman(const v1::JobStatus& s) {
   PrintTimelines(s);
   PrintReplicas(s);
 }
+
+
 
 }  // namespace
 

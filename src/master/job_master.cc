@@ -126,6 +126,7 @@ JobMaster::JobMaster(JobMasterOptions options)
       spec_(MakeSpec(options_)),
       clock_(options_.clock),
       start_time_(clock_->Now()),
+      goodput_(start_time_),
       rdzv_(MakeRendezvousConfig(options_)),
       nodes_(clock_, options_.heartbeat_timeout_s),
       policy_(options_.max_restarts) {
@@ -245,6 +246,7 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
   ++round_;
   if (is_restart) ++restart_count_;
   state_ = JobState::kRunning;
+  goodput_.RoundStarted(clock_->Now());
   below_min_since_.reset();
   below_min_context_.clear();
   done_.clear();
@@ -340,6 +342,7 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
     Push(m.node_id, std::move(d));
   }
   state_ = JobState::kRendezvous;
+  goodput_.Rendezvous(now);
   below_min_since_ = now;
   below_min_context_ = context;
   world_ = World{};
@@ -380,6 +383,7 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     MaybeSucceed();
     return;
   }
+  goodput_.Failure(now);
   std::string context =
       gone.size() == 1
           ? absl::StrCat("after node ", gone[0], " was lost (", reason, ")")
@@ -405,6 +409,7 @@ void JobMaster::MaybeSucceed() {
 
 void JobMaster::Finish(bool succeeded, const std::string& message) {
   state_ = succeeded ? JobState::kSucceeded : JobState::kFailed;
+  goodput_.Finished(clock_->Now());
   message_ = message;
   outcome_ = JobOutcome{succeeded, message, restart_count_};
   if (succeeded) {
@@ -694,6 +699,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
     Finish(false, verdict.message);
     return;
   }
+  goodput_.Failure(clock_->Now());
   spdlog::warn("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
                verdict.message);
   // Same membership, unless waiting nodes make a bigger valid world.
@@ -759,15 +765,21 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   if (report.has_timeline() && report.timeline().round() >= rec->timeline.round()) rec->timeline = report.timeline();
   // Progress of an older round is stale but harmless: keep the newest only.
   if (report.round() == round_) {
+    const double now = clock_->Now();
     rec->last_step = report.step();
     rec->last_step_time_s = report.step_time_s();
     rec->progress_round = report.round();
+    rec->step_reached_at = now - std::max(0.0, report.step_age_s());
+    rec->first_step_known = report.first_step_known();
+    rec->first_step = report.first_step();
+    rec->first_step_at = now - std::max(0.0, report.first_step_age_s());
     // Say so once when a node turns into a straggler (status shows it always).
     std::map<std::string, double> step_times;
     for (const auto& m : world_.members) {
       const NodeRecord* r = nodes_.Find(m.node_id);
       if (r != nullptr && r->progress_round == round_) step_times[m.node_id] = r->last_step_time_s;
     }
+    if (state_ == JobState::kRunning) WorldProgress(now);
     const bool straggler = FindStragglers(step_times, options_.straggler_factor).count(report.node_id()) > 0;
     if (straggler && !rec->straggler) {
       spdlog::warn("job={} node={} round={} straggler: step time {:.3f} s > {} x the median {:.3f} s",
@@ -898,7 +910,50 @@ v1::JobStatus JobMaster::Status() const {
   st.set_uptime_s(now - start_time_);
   st.set_precheck(precheck_.verdict);
   AddReplicaLocations(&st);
+  AddGoodput(now, &st);
   return st;
+}
+
+void JobMaster::WorldProgress(double now) {
+  // The world's step: the lowest of the members' (reached when the last of
+  // them reached it), once each reported in this round; its first step: the
+  // lowest first step, made when the last node had made its first.
+  GoodputAccountant::WorldStep w;
+  bool first_known = true;
+  for (const auto& m : world_.members) {
+    const NodeRecord* r = nodes_.Find(m.node_id);
+    if (r == nullptr || r->progress_round != round_) return;
+    if (w.step < 0 || r->last_step < w.step) {
+      w.step = r->last_step;
+      w.reached_at = r->step_reached_at;
+    } else if (r->last_step == w.step) {
+      w.reached_at = std::max(w.reached_at, r->step_reached_at);
+    }
+    first_known = first_known && r->first_step_known;
+    w.first_step = w.first_step < 0 ? r->first_step : std::min(w.first_step, r->first_step);
+    w.first_at = std::max(w.first_at, r->first_step_at);
+  }
+  if (w.step < 0) return;
+  if (!first_known) w.first_step = -1;
+  goodput_.Progress(now, w);
+}
+
+void JobMaster::AddGoodput(double now, v1::JobStatus* st) const {
+  const GoodputAccountant::Breakdown b = goodput_.Get(now);
+  v1::Goodput* g = st->mutable_goodput();
+  g->set_wall_s(b.wall_s);
+  g->set_known(b.steps_seen);
+  g->set_goodput(b.steps_seen ? b.goodput() : 0);
+  g->set_high_water_step(b.high_water_step);
+  g->set_recomputed_steps(b.recomputed_steps);
+  for (int p = 0; p < GoodputAccountant::kNumParts; ++p) {
+    v1::GoodputPart* part = g->add_parts();
+    part->set_part(std::string(GoodputAccountant::PartName(static_cast<GoodputAccountant::Part>(p))));
+    part->set_seconds(b.seconds[p]);
+  }
+  if (!b.steps_seen) {
+    g->set_note("goodput unknown: no step reported yet (the training script must call ballast.step() each step)");
+  }
 }
 
 void JobMaster::AddReplicaLocations(v1::JobStatus* st) const {

@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ballast/v1/master.pb.h"
+#include "master/goodput.h"
 #include "common/clock.h"
 #include "master/fault_policy.h"
 #include "master/node_table.h"
@@ -193,6 +194,9 @@ class JobMaster {
   absl::Status CheckRound(const char* what, int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The replica records agents keep in the KV store, as status shows them.
   void AddReplicaLocations(v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddGoodput(double now, v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Feeds the goodput accountant the world's step from the members' reports.
+  void WorldProgress(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NnodesText() const;
 
   // Queues `d` for the node and makes it the node's current decision when it
@@ -268,6 +272,7 @@ class JobMaster {
   const v1::JobSpec spec_;
   ClockInterface* const clock_;
   const double start_time_;
+  GoodputAccountant goodput_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kRendezvous;

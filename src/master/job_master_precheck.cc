@@ -115,6 +115,7 @@ bool JobMaster::PrecheckGate(double now) {
   PrecheckCoordinator& c = precheck_.coordinator;
   AbortCheckIfNodeLeft();
   if (c.active()) {
+    goodput_.Precheck(now);  // no round runs while this check holds it back
     if (c.RoundComplete(now)) DrivePrecheck(now);
     if (c.active() || finished()) return true;
     // The check is over: the survivors may form the round now.
@@ -131,6 +132,7 @@ bool JobMaster::PrecheckGate(double now) {
   message_ = absl::StrCat("pre-flight check of ", c.nodes().size(), " nodes (new: ", absl::StrJoin(unchecked, ", "),
                           "): round 1");
   spdlog::info("job={} {}", options_.job_id, message_);
+  goodput_.Precheck(now);
   PushRunChecks(std::move(decisions));
   return true;
 }

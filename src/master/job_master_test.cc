@@ -891,5 +891,48 @@ TEST_F(JobMasterTest, StatusShowsEachNodesLastStartAndWhereReplicasAre) {
   EXPECT_EQ(st.replicas(1).world_size(), 4);
 }
 
+TEST_F(JobMasterTest, StatusCarriesTheGoodputBreakdownFromProgressReports) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Advance(0.5);
+  const int64_t round = jm_->Status().round();
+  ASSERT_EQ(round, 1);
+  v1::JobStatus st = jm_->Status();
+  EXPECT_FALSE(st.goodput().known());
+  EXPECT_THAT(st.goodput().note(), HasSubstr("ballast.step()"));
+  auto progress = [&](const std::string& id, int64_t step, double age = 0, bool first = true) {
+    v1::ProgressReport p;
+    p.set_node_id(id);
+    p.set_round(round);
+    p.set_step(step);
+    p.set_step_age_s(age);
+    p.set_first_step_known(first);
+    p.set_first_step(1);
+    ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  };
+  progress("a", 2, 0, /*first=*/false);
+  progress("b", 1);  // not every node's first step is known yet: still starting
+  EXPECT_EQ(jm_->Status().goodput().parts(0).seconds(), 0);
+  progress("a", 2);  // now the world is at step 1, since its first step
+  Advance(4.0);
+  progress("a", 9, 0.5);  // reached 0.5 s ago
+  progress("b", 9);
+  Advance(1.0);
+  st = jm_->Status();
+  const v1::Goodput& g = st.goodput();
+  ASSERT_TRUE(g.known());
+  double sum = 0, productive = 0;
+  for (const auto& p : g.parts()) {
+    sum += p.seconds();
+    if (p.part() == "productive") productive = p.seconds();
+  }
+  EXPECT_NEAR(sum, g.wall_s(), 1e-9);
+  EXPECT_NEAR(productive, 4.0, 0.2);  // steps 2-9 took the 4 s (the fake clock moves in small ticks)
+  EXPECT_NEAR(g.goodput(), productive / g.wall_s(), 1e-9);
+  EXPECT_EQ(g.high_water_step(), 9);
+  EXPECT_THAT(FormatGoodput(g), HasSubstr("goodput "));
+}
+
 }  // namespace
 }  // namespace ballast::master

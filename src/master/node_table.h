@@ -44,6 +44,10 @@ struct NodeRecord {
   bool straggler = false;      // flagged at its last progress report (for a one-time warning)
   std::string gone_reason;  // why a dead/left node is gone
   v1::StartTimeline timeline;  // its workers' last (re)start (from progress reports)
+  double step_reached_at = 0;      // master clock: when last_step was reached
+  bool first_step_known = false;   // of progress_round: its first step and when every worker had made it
+  int64_t first_step = 0;
+  double first_step_at = 0;
 };
 
 class NodeTable {

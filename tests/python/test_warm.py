@@ -97,6 +97,15 @@ class WarmRestart(unittest.TestCase):
                       r"process group up \+\d+ ms, first step \+(\d+) ms", log)
         self.assertIsNotNone(m, log)
         print(f"\n{m.group(0)}", flush=True)
+        # The job's summary: the master's goodput accountant saw the steps,
+        # the restart and the steps redone, and its parts add up to the wall.
+        s = re.search(r"summary: goodput ([0-9.]+)% of ([0-9.]+) s \(([^)]*)\); 1 worker restart", log)
+        self.assertIsNotNone(s, log)
+        parts = dict((name, float(sec)) for name, sec in re.findall(r"(\w+) ([0-9.]+) s", s.group(3)))
+        self.assertGreater(parts.get("productive", 0), 0, s.group(0))
+        self.assertGreater(parts.get("restart", 0), 0, s.group(0))
+        self.assertAlmostEqual(sum(parts.values()), float(s.group(2)), delta=0.4)
+        self.assertAlmostEqual(float(s.group(1)) / 100, parts["productive"] / float(s.group(2)), delta=0.01)
         for rank in (0, 1):
             evs = read_events(out, rank)
             self.assertTrue(any(e["event"] == "done" for e in evs), f"rank {rank} did not finish")

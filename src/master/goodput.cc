@@ -1,0 +1,153 @@
+#include "master/goodput.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ballast::master {
+
+std::string_view GoodputAccountant::PartName(Part part) {
+  switch (part) {
+    case kProductive:
+      return "productive";
+    case kRecompute:
+      return "recompute";
+    case kRestart:
+      return "restart";
+    case kRendezvous:
+      return "rendezvous";
+    case kPrecheck:
+      return "precheck";
+    case kStartup:
+      return "startup";
+    case kIdle:
+      return "idle";
+    case kNumParts:
+      break;
+  }
+  return "?";
+}
+
+GoodputAccountant::GoodputAccountant(double now) : start_(now), since_(now) {}
+
+void GoodputAccountant::Close(double now, Part tail, Breakdown* b) const {
+  const double elapsed = std::max(0.0, now - since_);
+  switch (phase_) {
+    case Phase::kRendezvous:
+      b->seconds[kRendezvous] += elapsed;
+      break;
+    case Phase::kPrecheck:
+      b->seconds[kPrecheck] += elapsed;
+      break;
+    case Phase::kStarting:
+      b->seconds[starting_part_] += elapsed;
+      break;
+    case Phase::kTraining:
+      // [since_, last_advance_) is attributed at each advance.
+      b->seconds[tail] += std::max(0.0, now - last_advance_);
+      break;
+    case Phase::kDone:
+      break;
+  }
+}
+
+void GoodputAccountant::Enter(double now, Phase phase) {
+  phase_ = phase;
+  since_ = now;
+}
+
+void GoodputAccountant::Rendezvous(double now) {
+  if (phase_ == Phase::kDone || phase_ == Phase::kRendezvous) return;
+  Close(now, kRecompute, &totals_);
+  Enter(now, Phase::kRendezvous);
+}
+
+void GoodputAccountant::Precheck(double now) {
+  if (phase_ == Phase::kDone || phase_ == Phase::kPrecheck) return;
+  Close(now, kRecompute, &totals_);
+  Enter(now, Phase::kPrecheck);
+}
+
+void GoodputAccountant::RoundStarted(double now) {
+  if (phase_ == Phase::kDone) return;
+  if (phase_ == Phase::kStarting && starting_part_ == kRestart) return;  // a failure's restart goes on
+  Close(now, kRecompute, &totals_);
+  starting_part_ = started_once_ ? kRestart : kStartup;
+  started_once_ = true;
+  Enter(now, Phase::kStarting);
+}
+
+void GoodputAccountant::Failure(double now) {
+  if (phase_ != Phase::kTraining && phase_ != Phase::kStarting) return;  // waiting, checking: no workers
+  if (phase_ == Phase::kStarting && starting_part_ == kRestart) return;
+  Close(now, kRecompute, &totals_);  // the step in progress is lost
+  starting_part_ = kRestart;
+  started_once_ = true;
+  Enter(now, Phase::kStarting);
+}
+
+void GoodputAccountant::Progress(double now, const WorldStep& w) {
+  if (phase_ == Phase::kDone || w.step < 0) return;
+  totals_.steps_seen = true;
+  if (phase_ != Phase::kTraining) {
+    if (phase_ != Phase::kStarting) return;  // a late report of a stopped round
+    if (w.first_step < 0) return;  // the round's first step is not known yet: still starting
+    // Startup or restart ends when the round's first step is done.
+    const double first_at = std::clamp(w.first_at, since_, now);
+    Close(first_at, kIdle, &totals_);
+    Enter(first_at, Phase::kTraining);
+    last_step_ = w.first_step;
+    last_advance_ = first_at;
+    totals_.high_water_step = std::max(totals_.high_water_step, w.first_step);
+  }
+  Advance(std::clamp(w.reached_at, last_advance_, now), w.step);
+}
+
+void GoodputAccountant::Advance(double at, int64_t step) {
+  if (step < last_step_) {  // not expected within a round: count again from here
+    totals_.seconds[kRecompute] += at - last_advance_;
+    last_step_ = step;
+    last_advance_ = at;
+    return;
+  }
+  if (step == last_step_) return;
+  const int64_t n = step - last_step_;
+  const int64_t fresh = std::max<int64_t>(0, step - std::max(last_step_, totals_.high_water_step));
+  const double dt = at - last_advance_;
+  totals_.seconds[kProductive] += dt * static_cast<double>(fresh) / static_cast<double>(n);
+  totals_.seconds[kRecompute] += dt * static_cast<double>(n - fresh) / static_cast<double>(n);
+  totals_.recomputed_steps += n - fresh;
+  totals_.high_water_step = std::max(totals_.high_water_step, step);
+  last_step_ = step;
+  last_advance_ = at;
+}
+
+void GoodputAccountant::Finished(double now) {
+  if (phase_ == Phase::kDone) return;
+  Close(now, kIdle, &totals_);  // after the last step: the script's teardown
+  totals_.wall_s = std::max(0.0, now - start_);
+  Enter(now, Phase::kDone);
+}
+
+GoodputAccountant::Breakdown GoodputAccountant::Get(double now) const {
+  Breakdown b = totals_;
+  if (phase_ == Phase::kDone) return b;
+  Close(now, kIdle, &b);
+  b.wall_s = std::max(0.0, now - start_);
+  return b;
+}
+
+std::string FormatGoodput(const v1::Goodput& g) {
+  if (!g.known()) return absl::StrFormat("goodput unknown after %.1f s: %s", g.wall_s(), g.note());
+  std::string parts;
+  for (const auto& p : g.parts()) {
+    if (p.part() != "productive" && p.seconds() < 0.05) continue;
+    absl::StrAppend(&parts, parts.empty() ? "" : ", ", p.part(), " ", absl::StrFormat("%.1f s", p.seconds()));
+  }
+  std::string line = absl::StrFormat("goodput %.1f%% of %.1f s (%s", 100 * g.goodput(), g.wall_s(), parts);
+  if (g.recomputed_steps() > 0) absl::StrAppend(&line, "; ", g.recomputed_steps(), " steps redone");
+  return line + ")";
+}
+
+}  // namespace ballast::master

@@ -1,0 +1,103 @@
+// GoodputAccountant: splits a job's wall time into what it was spent on,
+// from what the master sees: rounds starting, failures, waiting for nodes,
+// pre-flight checks, the world's step from the agents' progress reports
+// (`ballast.step`), the end of the job. goodput = productive / wall.
+//
+// Parts (they add up to the wall time at every moment):
+//   productive   time of steps that advanced the model past the highest step
+//                reached so far (the interval between two advances of the
+//                world's step is split by how many of its steps were new);
+//   recompute    time of steps redone after a rollback (below that highest
+//                step), and the partial step a failure threw away (from the
+//                last advance to the failure);
+//   restart      from a failure (or a round change while training) until
+//                every node made the new round's first step, unless the job
+//                waits for nodes;
+//   rendezvous   no round running: waiting for nodes, the rendezvous;
+//   precheck     the pre-flight check;
+//   startup      the first round's start until every node made its first step;
+//   idle         time in a running round not attributed yet: since the last
+//                advance of the world's step (a step in progress becomes
+//                productive or recompute when it completes).
+// What it cannot see: a script that never calls ballast.step() reports no
+// steps (then steps_seen is false and goodput is unknown, not guessed);
+// checkpoint stalls are inside the step times (not a part of their own yet).
+// Step times are exact (agents report when a step was reached, and report at
+// once when a worker fails), not rounded to the report interval.
+//
+// Times are the master's clock (seconds). Thread safety: none; JobMaster
+// calls it under its lock.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ballast/v1/master.pb.h"
+
+namespace ballast::master {
+
+class GoodputAccountant {
+ public:
+  enum Part { kProductive, kRecompute, kRestart, kRendezvous, kPrecheck, kStartup, kIdle, kNumParts };
+  static std::string_view PartName(Part part);
+
+  explicit GoodputAccountant(double now);
+
+  // No round runs (waiting for nodes, the rendezvous).
+  void Rendezvous(double now);
+  // The pre-flight check runs.
+  void Precheck(double now);
+  // A round's workers are being started: the time to its first step is
+  // startup (the first round) or restart.
+  void RoundStarted(double now);
+  // A failure was seen in the running round (the partial step is lost).
+  void Failure(double now);
+  // The world's step (the lowest over the round's nodes) in the running round.
+  struct WorldStep {
+    int64_t step = -1;
+    double reached_at = 0;    // when the world reached it (<= now)
+    int64_t first_step = -1;  // the round's first step (-1: not known yet)
+    double first_at = 0;      // when every node had made it
+  };
+  void Progress(double now, const WorldStep& w);
+  void Progress(double now, int64_t step) { Progress(now, WorldStep{step, now, step, now}); }
+  // The job ended: the wall clock stops.
+  void Finished(double now);
+
+  struct Breakdown {
+    double wall_s = 0;
+    std::array<double, kNumParts> seconds{};
+    bool steps_seen = false;  // some progress report came (else goodput is unknown)
+    int64_t high_water_step = 0;
+    int64_t recomputed_steps = 0;
+    double goodput() const { return wall_s > 0 ? seconds[kProductive] / wall_s : 0; }
+  };
+  Breakdown Get(double now) const;
+
+ private:
+  enum class Phase { kRendezvous, kPrecheck, kStarting, kTraining, kDone };
+  // Adds the current phase's time up to `now` to `b`; in training, the time
+  // since the last advance goes to `tail`.
+  void Close(double now, Part tail, Breakdown* b) const;
+  void Enter(double now, Phase phase);
+  // The world's step moved to `step` at time `at` (training).
+  void Advance(double at, int64_t step);
+
+  double start_;
+  Phase phase_ = Phase::kRendezvous;
+  double since_;                // when phase_ began
+  bool started_once_ = false;   // a round started before (the next start is a restart)
+  Part starting_part_ = kStartup;
+  // Training.
+  int64_t last_step_ = -1;      // the world's step at the last advance (-1: none yet this round)
+  double last_advance_ = 0;
+  Breakdown totals_;
+};
+
+// "goodput 94.4% of 190.6 s (productive 180.0 s, restart 0.8 s, ...; 2 steps
+// redone)", or why it is unknown: for `ballast status` and job summaries.
+std::string FormatGoodput(const v1::Goodput& g);
+
+}  // namespace ballast::master
