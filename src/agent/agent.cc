@@ -830,9 +830,9 @@ std::optional<int> Agent::PollWorkers() {
       // the tail is only repeated at debug level.
       spdlog::error("worker failed: {} (pid {}) node={} rank={} local_rank={} round={}", e.status.Describe(), e.pid,
                     options_.node_id, e.global_rank, e.local_rank, e.round);
-      // The steps its node made up to now, before the failure: the master
+      // The steps this node made up to now, before the failure: the master
       // counts the time after the last of them as lost.
-      MaybeReportProgress(/*now_please=*/true);
+      if (!round_failed_reported_) MaybeReportProgress(/*now_please=*/true);
       // The first failure of this round (one left from a round whose first
       // step never came is stale).
       if (timeline_.failure_ns == 0 || timeline_.failure_ns < timeline_.started_ns) {
@@ -933,11 +933,11 @@ void Agent::TrackTimeline() {
       all_stepped = false;
     }
   }
+  if (running == 0) return;  // exited before a step: no timeline
   // The workers' process groups are up (warm workers say so): their start
   // is past its CPU-heavy part, so the next restart's interpreters may
   // start importing now (a script that never calls ballast.step() would
   // otherwise wait for the fallback).
-  if (running == 0) return;  // exited before a step: no timeline
   if (all_pg_up && warm_due_ns_ != 0) warm_due_ns_ = std::min(warm_due_ns_, MonotonicNowNs());
   if (!all_stepped) return;
   const uint64_t first_step_ns = MonotonicNowNs();
