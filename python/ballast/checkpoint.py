@@ -48,6 +48,15 @@ def _dist():
     return None
 
 
+def _all_reduce_min(d, values):
+    """The element-wise minimum of `values` (ints) over the world's ranks."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if d.get_backend() == "nccl":
+        t = t.cuda()
+    d.all_reduce(t, op=d.ReduceOp.MIN)
+    return [int(x) for x in t]
+
+
 def _read_doc(snap):
     """The tree document of a snapshot ({"tree": ...}); a flat dict for foreign images."""
     entries = snap.entries()
@@ -635,15 +644,8 @@ class Checkpointer:
         mem_min, disk_min, disk_max = mem_step, disk_step, disk_step
         d = self._collective(world)
 
-        def all_reduce_min(values):
-            t = torch.tensor(values, dtype=torch.int64)
-            if d.get_backend() == "nccl":
-                t = t.cuda()
-            d.all_reduce(t, op=d.ReduceOp.MIN)
-            return [int(x) for x in t]
-
         if d is not None:
-            mem_min, disk_min, neg_disk_max = all_reduce_min([mem_step, disk_step, -disk_step])
+            mem_min, disk_min, neg_disk_max = _all_reduce_min(d, [mem_step, disk_step, -disk_step])
             disk_max = -neg_disk_max
         # The newest step every rank holds: a rank whose newest step is newer
         # (a replica lagging one save behind, a rank that saved once more
@@ -653,7 +655,7 @@ class Checkpointer:
             mem_img, mem_step = self._memory_image(mem_min, rank, world, shards)
         held = 1 if mem_step >= 0 and mem_step == mem_min else 0
         if d is not None and mem_min >= 0:
-            held = all_reduce_min([held])[0]
+            held = _all_reduce_min(d, [held])[0]
         if held and mem_step >= disk_max:
             state, ok = None, 1
             try:
@@ -665,7 +667,7 @@ class Checkpointer:
             # Every rank uses memory, or none does (one rank's corrupt image
             # would otherwise leave the world on two different steps).
             if d is not None:
-                ok = all_reduce_min([ok])[0]
+                ok = _all_reduce_min(d, [ok])[0]
             if ok:
                 # A replacement node's agent copied this rank's step in from a
                 # peer node's replica.
@@ -817,11 +819,7 @@ class Checkpointer:
         except (CheckpointCorruptError, ValueError) as e:
             warnings.warn(f"not loading step {s} from the world's memory: {e}")
             ok = 0
-        t = torch.tensor([ok], dtype=torch.int64)
-        if d.get_backend() == "nccl":
-            t = t.cuda()
-        d.all_reduce(t, op=d.ReduceOp.MIN)  # every rank uses memory, or none does
-        if not int(t[0]):
+        if not _all_reduce_min(d, [ok])[0]:  # every rank uses memory, or none does
             return None
         self.last_load_source = "replica" if any(img.source.startswith("replica:") for img in used) else "memory"
         got = ", ".join(f"saved rank {j} from rank {src}{' (a replica)' if rep else ''}"

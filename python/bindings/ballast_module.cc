@@ -609,10 +609,8 @@ PySnapshot SnapshotAt(uintptr_t address, uint64_t nbytes, const std::string& sou
   parse.exact_size = true;
   absl::StatusOr<ckpt::ParsedImage> image = ckpt::ParseImage(data, nbytes, source, parse);
   Check(image.status());
-  ckpt::Snapshot snap(image->header.step, std::move(image->entries), image->data, image->header.data_bytes, source,
-                      nullptr, image->header.data_checksum, /*verified=*/false);
-  snap.set_image(data, nbytes);
-  return PySnapshot(std::move(snap), nullptr);
+  return PySnapshot(ckpt::Snapshot::Of(*std::move(image), data, nbytes, source, nullptr, /*verified=*/false),
+                    nullptr);
 }
 
 std::optional<uint64_t> ReadLatestStep(const std::string& dir) {

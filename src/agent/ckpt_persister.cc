@@ -151,56 +151,54 @@ void CkptPersister::PollOnce() {
 }
 
 void CkptPersister::PollStore(Store& s) {
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    WriteBreakpointLocked(s, options_.report_timeout_s);
-    std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
-    if (!cfg.has_value()) return;  // the worker never asked for persistence
-    const auto now = Clock::now();
-    const uint64_t requested = s.slots->requested_persist_step();
-    const uint64_t durable = s.slots->durable_step();
-    if (requested > durable && requested != s.skipped_request &&
-        !(requested == s.failed_step && now < s.retry_at)) {
-      absl::StatusOr<ckpt::PinnedSlot> pin = PinNewestAtMost(s.slots.get(), requested);
-      if (!pin.ok()) {
-        // Newer steps the worker did not ask to persist overwrote the request
-        // (two slots): persisting a newer step would leave a shard no other
-        // rank writes. Wait for the worker's next request.
-        s.skipped_request = requested;
-        spdlog::warn("checkpoint step {} can no longer be persisted ({}); waiting for the next persist request {}",
-                     requested, std::string(pin.status().message()), Keys(*cfg));
+  std::lock_guard<std::mutex> lock(s.mu);
+  WriteBreakpointLocked(s, options_.report_timeout_s);
+  std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
+  if (!cfg.has_value()) return;  // the worker never asked for persistence
+  const auto now = Clock::now();
+  const uint64_t requested = s.slots->requested_persist_step();
+  const uint64_t durable = s.slots->durable_step();
+  if (requested > durable && requested != s.skipped_request &&
+      !(requested == s.failed_step && now < s.retry_at)) {
+    absl::StatusOr<ckpt::PinnedSlot> pin = PinNewestAtMost(s.slots.get(), requested);
+    if (!pin.ok()) {
+      // Newer steps the worker did not ask to persist overwrote the request
+      // (two slots): persisting a newer step would leave a shard no other
+      // rank writes. Wait for the worker's next request.
+      s.skipped_request = requested;
+      spdlog::warn("checkpoint step {} can no longer be persisted ({}); waiting for the next persist request {}",
+                   requested, std::string(pin.status().message()), Keys(*cfg));
+      s.slots->ReportPersistError(
+          requested, absl::StrCat("step ", requested,
+                                  " was overwritten in shared memory by newer saves before the agent could "
+                                  "persist it; save with persist=True less often than every save, or wait() "
+                                  "before the next save"));
+    } else if (pin->step() <= durable) {
+      s.skipped_request = requested;  // nothing newer than what is on disk
+    } else {
+      const uint64_t step = pin->step();
+      absl::Status st = PersistLocked(s, *std::move(pin), *cfg, options_.report_timeout_s);
+      if (!st.ok()) {
+        s.failed_step = requested;
+        s.retry_at = now + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(options_.retry_after_s));
+        spdlog::error("cannot persist checkpoint step {} to {}: {} (retrying in {} s) {}", step, cfg->dir,
+                      st.ToString(), options_.retry_after_s, Keys(*cfg));
         s.slots->ReportPersistError(
-            requested, absl::StrCat("step ", requested,
-                                    " was overwritten in shared memory by newer saves before the agent could "
-                                    "persist it; save with persist=True less often than every save, or wait() "
-                                    "before the next save"));
-      } else if (pin->step() <= durable) {
-        s.skipped_request = requested;  // nothing newer than what is on disk
-      } else {
-        const uint64_t step = pin->step();
-        absl::Status st = PersistLocked(s, *std::move(pin), *cfg, options_.report_timeout_s);
-        if (!st.ok()) {
-          s.failed_step = requested;
-          s.retry_at = now + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(options_.retry_after_s));
-          spdlog::error("cannot persist checkpoint step {} to {}: {} (retrying in {} s) {}", step, cfg->dir,
-                        st.ToString(), options_.retry_after_s, Keys(*cfg));
-          s.slots->ReportPersistError(
-              requested, absl::StrCat("the agent cannot write step ", step, " to ", cfg->dir, ": ",
-                                      st.message(), " (it retries every ", options_.retry_after_s, " s)"));
-        }
+            requested, absl::StrCat("the agent cannot write step ", step, " to ", cfg->dir, ": ",
+                                    st.message(), " (it retries every ", options_.retry_after_s, " s)"));
       }
     }
-    if (s.unreported.has_value() && Clock::now() >= s.report_retry_at) ReportLocked(s, options_.report_timeout_s);
-    // Commits made by other agents: `latest` is the truth about what is
-    // globally committed (it only moves after COMPLETE). Cheap (a tiny file),
-    // and only read while this store has a durable step not known committed.
-    if (s.slots->committed_step() < s.slots->durable_step() && Clock::now() >= s.next_latest_check) {
-      s.next_latest_check = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                               std::chrono::duration<double>(options_.latest_check_interval_s));
-      absl::StatusOr<uint64_t> latest = ckpt::ReadLatestStep(cfg->dir);
-      if (latest.ok()) s.slots->MarkCommitted(*latest);
-    }
+  }
+  if (s.unreported.has_value() && Clock::now() >= s.report_retry_at) ReportLocked(s, options_.report_timeout_s);
+  // Commits made by other agents: `latest` is the truth about what is
+  // globally committed (it only moves after COMPLETE). Cheap (a tiny file),
+  // and only read while this store has a durable step not known committed.
+  if (s.slots->committed_step() < s.slots->durable_step() && Clock::now() >= s.next_latest_check) {
+    s.next_latest_check = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(options_.latest_check_interval_s));
+    absl::StatusOr<uint64_t> latest = ckpt::ReadLatestStep(cfg->dir);
+    if (latest.ok()) s.slots->MarkCommitted(*latest);
   }
 }
 

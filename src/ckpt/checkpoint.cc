@@ -217,10 +217,8 @@ absl::StatusOr<Snapshot> RestoreFromShm(SlotStore* store, const RestoreOptions& 
                                             "mismatch; restore from disk instead"));
   }
   auto keep = std::make_shared<PinnedSlot>(std::move(*pinned));
-  Snapshot snap(image.header.step, std::move(image.entries), image.data, image.header.data_bytes, source,
-                std::shared_ptr<const void>(keep, keep.get()), image.header.data_checksum, options.verify_data);
-  snap.set_image(keep->image(), keep->image_bytes());
-  return snap;
+  return Snapshot::Of(std::move(image), keep->image(), keep->image_bytes(), source,
+                      std::shared_ptr<const void>(keep, keep.get()), options.verify_data);
 }
 
 }  // namespace ballast::ckpt

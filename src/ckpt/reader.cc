@@ -66,11 +66,8 @@ absl::StatusOr<Snapshot> ReadCheckpointFile(const std::string& path, const ReadO
   parse.verify_data = options.verify_data;
   parse.exact_size = true;
   ASSIGN_OR_RETURN(ParsedImage image, ParseImage(bytes, size, path, parse));
-  Snapshot snap(image.header.step, std::move(image.entries), image.data, image.header.data_bytes, path,
-                std::shared_ptr<const void>(mapping, mapping.get()), image.header.data_checksum,
-                options.verify_data);
-  snap.set_image(bytes, size);
-  return snap;
+  return Snapshot::Of(std::move(image), bytes, size, path, std::shared_ptr<const void>(mapping, mapping.get()),
+                      options.verify_data);
 }
 
 absl::StatusOr<uint64_t> ReadLatestStep(const std::string& dir) {

@@ -250,17 +250,15 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
     bool small = false;
   };
   std::vector<Cand> cands;
-  for (int i = 0; i < num_slots_; ++i) {
-    SlotControl& c = slot_control(i);
-    const uint64_t seq = c.seq.load(std::memory_order_acquire);
-    const bool committed =
-        seq % 2 == 0 && c.state.load() == static_cast<uint32_t>(SlotState::kCommitted);
-    Cand cand{i, committed ? c.commit_order.load() : 0};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cand.small = slots_[i]->size() < image_bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // slot sizes
+    for (int i = 0; i < num_slots_; ++i) {
+      SlotControl& c = slot_control(i);
+      const uint64_t seq = c.seq.load(std::memory_order_acquire);
+      const bool committed =
+          seq % 2 == 0 && c.state.load() == static_cast<uint32_t>(SlotState::kCommitted);
+      cands.push_back({i, committed ? c.commit_order.load() : 0, false, slots_[i]->size() < image_bytes});
     }
-    cands.push_back(cand);
   }
   std::vector<Cand*> by_order;
   for (Cand& c : cands) {

@@ -35,6 +35,16 @@ class Snapshot {
         source_(std::move(source)),
         keepalive_(std::move(keepalive)) {}
 
+  // The snapshot of `parsed`, the image parsed from [image, image + image_bytes).
+  static Snapshot Of(ParsedImage parsed, const uint8_t* image, uint64_t image_bytes, std::string source,
+                     std::shared_ptr<const void> keepalive, bool verified) {
+    Snapshot s(parsed.header.step, std::move(parsed.entries), parsed.data, parsed.header.data_bytes,
+               std::move(source), std::move(keepalive), parsed.header.data_checksum, verified);
+    s.image_ = image;
+    s.image_bytes_ = image_bytes;
+    return s;
+  }
+
   uint64_t step() const { return step_; }
   const std::vector<Entry>& entries() const { return entries_; }
   // Bytes of entry i: [EntryData(i), EntryData(i) + entries()[i].nbytes).
@@ -49,13 +59,9 @@ class Snapshot {
   // Where it came from: "shm:/name.s1" or a file path.
   const std::string& source() const { return source_; }
   // The whole image (header, index, data) the snapshot was parsed from, for
-  // sending it elsewhere as it is; null when the creator did not set it.
+  // sending it elsewhere as it is; null unless made by Of().
   const uint8_t* image() const { return image_; }
   uint64_t image_bytes() const { return image_bytes_; }
-  void set_image(const uint8_t* image, uint64_t bytes) {
-    image_ = image;
-    image_bytes_ = bytes;
-  }
 
  private:
   uint64_t step_ = 0;

@@ -81,6 +81,15 @@ class JobMasterTest : public ::testing::Test {
     return all.empty() ? v1::Decision() : all.back();
   }
 
+  // A progress report of `id` at `step` in `round` (tests set the rest).
+  static v1::ProgressReport Progress(const std::string& id, int64_t round, int64_t step) {
+    v1::ProgressReport p;
+    p.set_node_id(id);
+    p.set_round(round);
+    p.set_step(step);
+    return p;
+  }
+
   // Advances the fake clock in 0.5 s steps; live nodes heartbeat each step.
   void Advance(double seconds) {
     for (double t = 0; t < seconds - 1e-9; t += 0.5) {
@@ -827,10 +836,7 @@ TEST_F(JobMasterTest, StatusFlagsNodesSlowerThanFactorTimesMedian) {
   const int64_t round = jm_->Status().round();
   ASSERT_EQ(round, 1);
   auto progress = [&](const std::string& id, int64_t r, int64_t step, double step_time) {
-    v1::ProgressReport p;
-    p.set_node_id(id);
-    p.set_round(r);
-    p.set_step(step);
+    v1::ProgressReport p = Progress(id, r, step);
     p.set_step_time_s(step_time);
     return jm_->ReportProgress(p);
   };
@@ -855,10 +861,7 @@ TEST_F(JobMasterTest, StatusShowsEachNodesLastStartAndWhereReplicasAre) {
   Add("b");
   Advance(0.5);
   const int64_t round = jm_->Status().round();
-  v1::ProgressReport p;
-  p.set_node_id("a");
-  p.set_round(round);
-  p.set_step(3);
+  v1::ProgressReport p = Progress("a", round, 3);
   v1::StartTimeline* t = p.mutable_timeline();
   t->set_round(round);
   t->set_recovery(true);
@@ -902,10 +905,7 @@ TEST_F(JobMasterTest, StatusCarriesTheGoodputBreakdownFromProgressReports) {
   EXPECT_FALSE(st.goodput().known());
   EXPECT_THAT(st.goodput().note(), HasSubstr("ballast.step()"));
   auto progress = [&](const std::string& id, int64_t step, double age = 0, bool first = true) {
-    v1::ProgressReport p;
-    p.set_node_id(id);
-    p.set_round(round);
-    p.set_step(step);
+    v1::ProgressReport p = Progress(id, round, step);
     p.set_step_age_s(age);
     p.set_first_step_known(first);
     p.set_first_step(1);

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import tempfile
 import unittest
 import warnings
@@ -40,6 +41,13 @@ def random_tensor(shape, dtype, seed=0):
         info = torch.iinfo(dtype)
         lo, hi = max(info.min, -(2 ** 62)), min(info.max, 2 ** 62)
         return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def free_port():
+    """A TCP port free on loopback now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def raw_bytes(t):

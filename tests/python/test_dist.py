@@ -2,12 +2,11 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import unittest
 
-from _util import TestCase
+from _util import TestCase, free_port
 
 WORKER = r"""
 import json, os, sys, torch, torch.distributed as dist, ballast
@@ -35,12 +34,6 @@ load()                                                  # -> disk step 1
 json.dump(log, open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w"))
 dist.destroy_process_group()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Distributed(TestCase):

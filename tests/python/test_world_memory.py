@@ -15,7 +15,6 @@ import glob
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import unittest
@@ -24,7 +23,7 @@ import torch
 
 import ballast
 from ballast import _ballast
-from _util import TestCase, random_tensor, raw_bytes
+from _util import TestCase, free_port, random_tensor, raw_bytes
 
 GLOBAL = random_tensor((10, 6), torch.float32, seed=11)
 OLD_ROWS = [(0, 3), (3, 3), (6, 2), (8, 2)]  # saved rank -> (first row, rows)
@@ -44,12 +43,6 @@ out["sharded"] = [step, ckpt.last_load_source, state["rank"], state["w"].tolist(
 json.dump(out, open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w"))
 dist.destroy_process_group()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WorldMemory(TestCase):
