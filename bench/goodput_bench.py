@@ -79,17 +79,19 @@ def run(cmd, script_flags, a, kills, env=None):
     steps_run = sum(1 for e in evs0 if e["event"] == "step")
     # Productive time from the script's own step log, defined as the master's
     # accountant defines it (master/goodput.h): the duration of each step
-    # that reached a step number for the first time; a process's first step
-    # after its start belongs to the (re)start.
-    productive, high, prev = 0.0, 0, None
+    # that reached a step number for the first time, less the time checkpoint
+    # saves blocked it (the script logs it: ballast's stall counter, the
+    # torch.save block); a process's first step after its start belongs to
+    # the (re)start.
+    productive, high, prev, prev_stall = 0.0, 0, None, 0.0
     for e in evs0:
         if e["event"] == "start":
             prev = None
         elif e["event"] == "step":
             if prev is not None and e["step"] > high:
-                productive += e["t"] - prev
+                productive += e["t"] - prev - (e.get("stall", 0.0) - prev_stall)
             high = max(high, e["step"])
-            prev = e["t"]
+            prev, prev_stall = e["t"], e.get("stall", 0.0)
     # Ballast's own figure: the master's accountant, in the job summary line.
     accountant = None
     with open(os.path.join(out, "launcher.log")) as f:
@@ -99,7 +101,7 @@ def run(cmd, script_flags, a, kills, env=None):
                 accountant = float(m.group(1)) / 100
     return {"wall_s": wall, "goodput": a.steps * a.step_time / wall, "accountant_goodput": accountant,
             "step_log_goodput": productive / wall,
-            "kills": len(kill_times),
+            "kills": len(kill_times), "kill_times": kill_times,
             "starts": len(starts), "steps_run": steps_run, "redone_steps": steps_run - a.steps,
             "first_step_s": first_step, "loads": [(s["step"], s["source"], round(s["load_s"], 3)) for s in starts],
             "out": out}

@@ -77,6 +77,7 @@ elif a.ckpt == "torch":
         start, source = step + 1, "disk"
 log(a.out, rank, event="start", pid=os.getpid(), step=start, source=source, load_s=time.time() - t_load)
 
+stall = 0.0  # seconds checkpoint saves blocked training (what goodput's checkpoint part counts)
 for step in range(start, a.steps):
     g = torch.Generator().manual_seed(step * 1000 + rank)
     x = torch.randn(32, 64, generator=g)
@@ -90,6 +91,7 @@ for step in range(start, a.steps):
     if a.ckpt == "ballast":
         ckpt.save(step, state(), persist=(step + 1) % a.persist_every == 0, blocking=False)
     elif a.ckpt == "torch" and (step + 1) % a.torch_every == 0:
+        t_save = time.time()
         d = os.path.join(a.ckpt_dir, f"step-{step}")
         os.makedirs(d, exist_ok=True)
         tmp = os.path.join(d, f"rank{rank}.pt.tmp")
@@ -102,9 +104,11 @@ for step in range(start, a.steps):
             os.replace(os.path.join(a.ckpt_dir, "latest.tmp"), os.path.join(a.ckpt_dir, "latest"))
             old = os.path.join(a.ckpt_dir, f"step-{step - 2 * a.torch_every}")
             shutil.rmtree(old, ignore_errors=True)
+        stall += time.time() - t_save
     if a.ckpt == "ballast":
         ballast.step(step + 1)  # progress for the agent (hang detection) and the master's goodput accountant
-    log(a.out, rank, event="step", step=step + 1)
+        stall = ballast.progress.state()["ckpt_stall_ns"] / 1e9  # this process's saves and waits for them
+    log(a.out, rank, event="step", step=step + 1, stall=stall)
 
 if a.ckpt == "ballast":
     ckpt.wait_saved()

@@ -9,6 +9,11 @@ PKGS=(
   libyaml-cpp-dev libcpp-httplib-dev libcurl4-openssl-dev
   pybind11-dev python3-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch procps iproute2 util-linux openssl curl ca-certificates
+  # Test infrastructure: a real Prometheus (and promtool) scrapes a job's
+  # /metrics, a real headless Chromium loads its dashboard.
+  prometheus chromium
+  # `ballast simulate --png` draws its chart with matplotlib.
+  python3-matplotlib
 )
 missing=()
 for p in "${PKGS[@]}"; do

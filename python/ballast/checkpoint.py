@@ -20,6 +20,7 @@ import re
 import secrets
 import sys
 import threading
+import time
 import warnings
 import weakref
 
@@ -433,6 +434,15 @@ class Checkpointer:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         self.wait_saved()
+        t0 = time.perf_counter()
+        try:
+            self._save(step, state_dict, blocking, persist)
+        finally:
+            # What training waited for this save (the master's checkpoint part).
+            _C.progress_ckpt_stall(time.perf_counter() - t0, 1)
+
+    def _save(self, step, state_dict, blocking, persist):
+        """save() once the pending overlapped save is done."""
         self._store.wait_incoming(_INCOMING_WAIT_S)  # the agent is the store's writer until then
         rank, world = self.rank_world()
         if not blocking:
@@ -486,6 +496,10 @@ class Checkpointer:
         pending = self._res.pending
         if pending is None:
             return
+        if pending.thread.is_alive():  # training waits for the copy: a checkpoint stall
+            t0 = time.perf_counter()
+            pending.thread.join()
+            _C.progress_ckpt_stall(time.perf_counter() - t0, 0)
         pending.thread.join()
         self._res.pending = None
         persist, self._pending_persist = self._pending_persist, None

@@ -821,10 +821,19 @@ PYBIND11_MODULE(_ballast, m) {
     Cell()->checkpoint_ns.store(active ? ballast::MonotonicNowNs() : 0, std::memory_order_release);
   }, py::arg("active"), "Marks the start (True) or end (False) of a checkpoint save: the agent then "
                         "allows BALLAST_HANG_CHECKPOINT_GRACE_S instead of the hang timeout.");
+  m.def("progress_ckpt_stall", [](double seconds, int saves) {
+    ballast::ProgressCell* c = Cell();
+    const auto ns = static_cast<uint64_t>(std::max(0.0, seconds) * 1e9);
+    c->ckpt_stall_ns.store(c->ckpt_stall_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+    c->ckpt_saves.store(c->ckpt_saves.load(std::memory_order_relaxed) + static_cast<uint64_t>(std::max(0, saves)),
+                        std::memory_order_relaxed);
+  }, py::arg("seconds"), py::arg("saves"), "Adds time training was blocked by checkpoint saves (and saves made) "
+                                           "for the master's goodput accountant.");
   m.def("progress_state", [] {
     ballast::ProgressCell* c = Cell();
     return py::dict(py::arg("step") = c->step.load(), py::arg("timestamp_ns") = c->timestamp_ns.load(),
                     py::arg("checkpoint_ns") = c->checkpoint_ns.load(), py::arg("reports") = c->reports.load(),
+                    py::arg("ckpt_saves") = c->ckpt_saves.load(), py::arg("ckpt_stall_ns") = c->ckpt_stall_ns.load(),
                     py::arg("cell") = g_cell_source);
   }, "The worker's progress cell, as the agent sees it (for tests and debugging).");
 }

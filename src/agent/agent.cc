@@ -794,9 +794,10 @@ void Agent::StartRound(const v1::StartRound& start) {
                workers_->start_summary(), Fmt());
 }
 
-void Agent::ReportFailure(const v1::FailureReport& report) {
+void Agent::ReportFailure(v1::FailureReport report) {
   auto t0 = Clock::now();
   while (true) {
+    report.set_seen_age_s(SecondsSince(t0));
     absl::Status s = client_->ReportFailure(report);
     if (s.ok()) return;
     if (absl::IsAborted(s)) {
@@ -1103,6 +1104,9 @@ void Agent::MaybeReportProgress(bool now_please) {
   report.set_step(static_cast<int64_t>(sum.min_step));
   report.set_step_time_s(sum.step_time_s);
   report.set_step_age_s(now > sum.min_step_ns ? static_cast<double>(now - sum.min_step_ns) / 1e9 : 0);
+  report.set_ckpt_saves(static_cast<int64_t>(sum.ckpt_saves));
+  report.set_ckpt_stall_max_s(sum.ckpt_stall_max_s);
+  report.set_ckpt_stall_sum_s(sum.ckpt_stall_sum_s);
   if (first_step_.round == round_) {
     report.set_first_step_known(true);
     report.set_first_step(static_cast<int64_t>(first_step_.step));

@@ -171,7 +171,7 @@ class Agent {
   // On the node of global rank 0: fails the round when a member node never
   // reached the torch store (JudgeStore).
   void WatchStore();
-  void ReportFailure(const v1::FailureReport& report);
+  void ReportFailure(v1::FailureReport report);
   // Stops the workers; then, unless the job succeeded, the breakpoint save:
   // in the background when the agent goes on (a restart must not wait for
   // the disk), else before returning.

@@ -91,6 +91,8 @@ void ProgressMonitor::Reset() {
     c->step.store(0, std::memory_order_relaxed);
     c->checkpoint_ns.store(0, std::memory_order_relaxed);
     c->reports.store(0, std::memory_order_relaxed);
+    c->ckpt_saves.store(0, std::memory_order_relaxed);
+    c->ckpt_stall_ns.store(0, std::memory_order_relaxed);
     c->timestamp_ns.store(0, std::memory_order_release);
   }
   baseline_.assign(num_cells_, CellSnapshot());
@@ -104,6 +106,8 @@ CellSnapshot ProgressMonitor::Read(int i) const {
   s.step = c->step.load(std::memory_order_relaxed);
   s.checkpoint_ns = c->checkpoint_ns.load(std::memory_order_relaxed);
   s.reports = c->reports.load(std::memory_order_relaxed);
+  s.ckpt_saves = c->ckpt_saves.load(std::memory_order_relaxed);
+  s.ckpt_stall_ns = c->ckpt_stall_ns.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -121,6 +125,9 @@ ProgressSummary ProgressMonitor::Summarize() {
       }
       sum.any_step = true;
     }
+    sum.ckpt_saves += now.ckpt_saves;
+    sum.ckpt_stall_max_s = std::max(sum.ckpt_stall_max_s, static_cast<double>(now.ckpt_stall_ns) / 1e9);
+    sum.ckpt_stall_sum_s += static_cast<double>(now.ckpt_stall_ns) / 1e9;
     slowest = std::max(slowest, StepTime(baseline_[i], now));
     // The baseline moves only when the worker stepped, so a slow worker's
     // steps that straddle several calls are still measured.

@@ -38,6 +38,8 @@ struct CellSnapshot {
   uint64_t timestamp_ns = 0;   // 0 = never stepped
   uint64_t checkpoint_ns = 0;  // 0 = not in a checkpoint save
   uint64_t reports = 0;
+  uint64_t ckpt_saves = 0;
+  uint64_t ckpt_stall_ns = 0;
 };
 
 struct HangVerdict {
@@ -56,6 +58,11 @@ struct ProgressSummary {
   uint64_t min_step = 0;   // the lowest step over the workers that reported one
   uint64_t min_step_ns = 0;  // CLOCK_MONOTONIC when the last worker at min_step reached it
   double step_time_s = 0;  // the slowest worker's mean step time over the interval; 0 = unknown
+  // Checkpoint saves since the Reset: how many (all workers), the most time
+  // one worker was blocked by them, and the time summed over the workers.
+  uint64_t ckpt_saves = 0;
+  double ckpt_stall_max_s = 0;
+  double ckpt_stall_sum_s = 0;
 };
 
 // Step time of one worker between two snapshots; 0 when it made no step.

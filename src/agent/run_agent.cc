@@ -126,6 +126,8 @@ int RunAgent(const RunOptions& options) {
     mo.node_unit = options.node_unit > 0 ? options.node_unit : 1;
     mo.max_restarts = options.max_restarts.value_or(3);
     mo.last_call_s = options.last_call_s;
+    mo.http_port = options.http_port.value_or(master::HttpPortBeside(bind_port));
+    mo.metrics_public = options.metrics_public;
     auto started = master::MasterServer::Start(mo);
     if (!started.ok()) {
       PrintError(absl::StrCat("cannot start the embedded ballast master on ", bind_host, ":", bind_port, ": ",
@@ -138,6 +140,7 @@ int RunAgent(const RunOptions& options) {
       ao.token = master->token();
     }
     spdlog::info("embedded ballast master listening on {}:{} job={}", bind_host, master->port(), master->job_id());
+    if (master->http_port() > 0) spdlog::info("job {} dashboard: {}", master->job_id(), master->dashboard_url());
   }
 
   int code = 1;
@@ -149,8 +152,9 @@ int RunAgent(const RunOptions& options) {
   }
   if (master) {
     const v1::JobStatus final_status = master->Status();
-    spdlog::info("job {} summary: {}; {} worker restart(s)", master->job_id(),
-                 master::FormatGoodput(final_status.goodput()), final_status.restart_count());
+    spdlog::info("job {} summary: {}; {} worker restart(s); {}", master->job_id(),
+                 master::FormatGoodput(final_status.goodput()), final_status.restart_count(),
+                 master::FormatFailures(final_status));
     // Other nodes must hear the final decision before the master goes away.
     master->Shutdown(standalone ? std::min(1.0, tunables.finish_linger_s) : tunables.finish_linger_s);
   }

@@ -236,6 +236,16 @@ const std::map<std::string, FlagDef>& FlagTable() {
           if (o->ckpt_replicas < 0 || o->ckpt_replicas > 8) return FlagError(f, "must be 0..8 (0 turns replicas off)");
           return absl::OkStatus();
         }}},
+      {"--http-port",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(int port, ParseInt(f, v));
+          if (port < -1 || port > 65535) return FlagError(f, "must be 0..65535 (0: any free port) or -1 (off)");
+          o->http_port = port;
+          return absl::OkStatus();
+        }}},
+      {"--metrics-public",
+       {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->metrics_public = true; return absl::OkStatus(); }}},
       {"--no-warm-restart",
        {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->warm_restart = false; return absl::OkStatus(); }}},
       {"--warm-modules",
@@ -419,6 +429,9 @@ Master / rendezvous:
   --master-port PORT          an embedded master at HOST:PORT [29500]; needs --token
   --node-rank N             this node's rank hint (orders nodes)
   --local-addr ADDR         address other nodes reach this node at [derived]
+  --http-port PORT          the embedded master's dashboard, /api/v1/job and /metrics
+                            [its gRPC port + 1; any free port with --standalone; -1: off]
+  --metrics-public          serve /metrics without the job token
 
 Workers:
   -m, --module              run SCRIPT as `python -m MODULE`

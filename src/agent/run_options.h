@@ -42,6 +42,11 @@ struct RunOptions {
   std::string token;                   // --token or BALLAST_TOKEN
   std::string python = "python3";      // --python INTERPRETER
   bool warm_restart = true;            // --no-warm-restart turns it off (see warm_pool.h)
+  // The embedded master's HTTP interface (--standalone, or node rank 0 with
+  // --master-addr): unset = beside its gRPC port (port + 1; any free port
+  // when that is 0), -1 = off.
+  std::optional<int> http_port;
+  bool metrics_public = false;         // --metrics-public: /metrics without the token
   int ckpt_replicas = 1;               // --ckpt-replicas K: peer nodes holding each rank's newest step (replica.h)
   std::vector<std::string> warm_modules;  // --warm-modules a,b: imported by warm interpreters besides torch
   std::string training_script;         // script, module, or program

@@ -44,6 +44,8 @@ struct LaunchFlags {
   int node_unit = 1;
   int max_replacements = -1;
   int port = 0;
+  int http_port = -2;  // not given: beside --port
+  bool metrics_public = false;
   bool network_check = false;      // --network-check: pre-flight check
   bool exclude_stragglers = false;
   std::string chaos;               // --chaos SPEC (common/chaos.h)
@@ -96,6 +98,11 @@ int LaunchCommand(const Args& args) {
   app.add_option("--max-replacements,--max_replacements", f.max_replacements,
                  "Dead agents replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)");
   app.add_option("--port", f.port, "Master port (0: any free port)");
+  app.add_option("--http-port,--http_port", f.http_port,
+                 "The master's dashboard, /api/v1/job and /metrics (default: --port + 1, any free port when --port "
+                 "is 0; -1: off)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_flag("--metrics-public,--metrics_public", f.metrics_public, "Serve /metrics without the job token");
   app.add_flag("--network-check,--network_check", f.network_check,
                "Pre-flight check before training: nodes run matmul + allreduce in pairs; faulty ones are replaced");
   app.add_flag("--exclude-stragglers,--exclude_stragglers", f.exclude_stragglers,
@@ -150,6 +157,8 @@ int LaunchCommand(const Args& args) {
   mopts.bind_host = "127.0.0.1";
   mopts.advertise_host = "127.0.0.1";
   mopts.port = f.port;
+  mopts.http_port = f.http_port == -2 ? master::HttpPortBeside(f.port) : f.http_port;
+  mopts.metrics_public = f.metrics_public;
   mopts.token = TokenFromFlagOrEnv(f.token);
   if (mopts.token.empty()) mopts.token = RandomHex(16);
   mopts.min_nodes = range->min;
@@ -171,6 +180,7 @@ int LaunchCommand(const Args& args) {
   spdlog::info("job {}: master on {}; starting {} agent(s) (nodes {}, {} worker(s) each); status: "
                "BALLAST_TOKEN={} ballast status --master {}",
                m.job_id(), m.address(), f.start_nodes, f.nodes, f.nproc_per_node, m.token(), m.address());
+  if (m.http_port() > 0) spdlog::info("job {}: dashboard: {}", m.job_id(), m.dashboard_url());
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -230,8 +240,9 @@ int LaunchCommand(const Args& args) {
   sched.StopAll(Tunables::Get().stop_grace_s);
   // The job in one paragraph: where its wall time went, what it survived.
   const v1::JobStatus final_status = m.Status();
-  spdlog::info("job {} summary: {}; {} worker restart(s), {} node replacement(s)", m.job_id(),
-               master::FormatGoodput(final_status.goodput()), final_status.restart_count(), nodes.replacements());
+  spdlog::info("job {} summary: {}; {} worker restart(s), {} node replacement(s); {}", m.job_id(),
+               master::FormatGoodput(final_status.goodput()), final_status.restart_count(), nodes.replacements(),
+               master::FormatFailures(final_status));
   m.Shutdown(0);
   if (!launch_failure.empty()) {
     std::fprintf(stderr, "ballast launch: job %s failed: %s\n", m.job_id().c_str(), launch_failure.c_str());

@@ -45,6 +45,12 @@ int MasterCommand(const Args& args) {
                  "Worker-failure restarts before the job fails")->check(CLI::NonNegativeNumber);
   app.add_option("--host", opts.bind_host, "Address to listen on")->capture_default_str();
   app.add_option("--port", opts.port, "Port to listen on (0: any free port)")->capture_default_str();
+  int http_port = -2;  // not given: beside --port
+  app.add_option("--http-port,--http_port", http_port,
+                 "The dashboard, /api/v1/job, /api/v1/events and /metrics (default: --port + 1, any free port when "
+                 "--port is 0; -1: off)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_flag("--metrics-public,--metrics_public", opts.metrics_public, "Serve /metrics without the job token");
   app.add_option("--advertise-host", opts.advertise_host, "Host name agents use to reach this master");
   app.add_option("--token", token, "Job token agents must present (default: $BALLAST_TOKEN, else random)");
   app.add_option("--job-id,--rdzv-id,--rdzv_id", opts.job_id, "Job id (TORCHELASTIC_RUN_ID); default random");
@@ -92,6 +98,7 @@ int MasterCommand(const Args& args) {
   opts.max_nodes = range->max;
   opts.token = TokenFromFlagOrEnv(token);
   if (opts.token.empty()) opts.token = RandomHex(16);
+  opts.http_port = http_port == -2 ? master::HttpPortBeside(opts.port) : http_port;
 
   auto server = master::MasterServer::Start(opts);
   if (!server.ok()) {
@@ -106,6 +113,7 @@ int MasterCommand(const Args& args) {
       "    BALLAST_TOKEN=%s ballast run --rdzv-endpoint %s --nnodes %s --nproc-per-node N train.py\n",
       m.job_id().c_str(), m.address().c_str(), m.token().c_str(), m.token().c_str(), m.address().c_str(),
       nnodes.c_str());
+  if (m.http_port() > 0) std::printf("  dashboard: %s\n", m.dashboard_url().c_str());
   std::fflush(stdout);
 
   std::signal(SIGINT, OnSignal);

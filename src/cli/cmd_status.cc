@@ -1,6 +1,5 @@
 // ballast status: print a running job's state (job, round, world, nodes,
 // restarts, last failure) from its master.
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include "common/grpc_util.h"
 #include "common/net.h"
 #include "master/goodput.h"
+#include "master/http_server.h"
 
 namespace ballast::cli {
 namespace {
@@ -71,6 +71,24 @@ void PrintReplicas(const v1::JobStatus& s) {
   }
 }
 
+// Every failure the job met, newest last: what broke, how fast it was seen
+// and how long until training ran again.
+void PrintFailures(const v1::JobStatus& s) {
+  if (s.failures().empty()) return;
+  std::printf("failures (%d):\n", s.failures_total());
+  if (s.failures_total() > s.failures_size()) {
+    std::printf("  (the oldest %d not listed)\n", s.failures_total() - s.failures_size());
+  }
+  for (const auto& f : s.failures()) {
+    std::string who = absl::StrCat("node ", f.node_id(), f.node_rank() >= 0 ? absl::StrCat(" (node rank ", f.node_rank(), ")") : "",
+                                   f.global_rank() >= 0 ? absl::StrCat(", rank ", f.global_rank()) : "");
+    std::string after = f.resumed() ? absl::StrFormat("resumed after %.2f s, %d steps redone", f.resume_s(), f.steps_lost())
+                                    : std::string("not resumed yet");
+    std::printf("  +%.1fs round %ld: %s: %s -> %s; detected in %.2f s, %s\n", f.at_s(), static_cast<long>(f.round()),
+                who.c_str(), f.cause().c_str(), f.action().c_str(), f.detection_s(), after.c_str());
+  }
+}
+
 void PrintHuman(const v1::JobStatus& s) {
   std::printf("job %s: %s, round %ld, world %d workers, restarts %d/%d, up %.0f s\n", s.job_id().c_str(),
               s.state().c_str(), static_cast<long>(s.round()), s.world_size(), s.restart_count(),
@@ -102,6 +120,7 @@ void PrintHuman(const v1::JobStatus& s) {
   } else {
     std::printf("last failure: none\n");
   }
+  PrintFailures(s);
   PrintTimelines(s);
   PrintReplicas(s);
 }
@@ -148,13 +167,7 @@ int StatusCommand(const Args& args) {
     return 1;
   }
   if (json) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions jopts;
-    jopts.add_whitespace = true;
-    jopts.always_print_primitive_fields = true;
-    jopts.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(status, &out, jopts);
-    std::fputs(out.c_str(), stdout);
+    std::fputs(master::JobStatusJson(status).c_str(), stdout);
   } else {
     PrintHuman(status);
   }

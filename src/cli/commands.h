@@ -15,6 +15,7 @@ int LaunchCommand(const Args& args);  // ballast launch: master + N local agents
 int StatusCommand(const Args& args);  // ballast status: print a job's state
 int CkptCommand(const Args& args);    // ballast ckpt: ls/inspect/verify/export checkpoints
 int OperatorCommand(const Args& args);  // ballast operator: the ElasticJob controller (Kubernetes)
+int SimulateCommand(const Args& args);  // ballast simulate: goodput at scale under failures
 
 // Exit code for bad command lines (as torchrun and most CLIs use).
 inline constexpr int kUsageExit = 2;

@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  status   print the state of a running job\n"
     "  ckpt     list, inspect, verify and export flash checkpoints\n"
     "  operator run the Kubernetes ElasticJob operator (deploy/ installs it)\n"
+    "  simulate predict goodput at 1,000-10,000 GPUs under failures (manual, DLRover-like, Ballast)\n"
     "\n"
     "`ballast <command> --help` describes each command's options.\n";
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   if (cmd == "status") return ballast::cli::StatusCommand(args);
   if (cmd == "ckpt") return ballast::cli::CkptCommand(args);
   if (cmd == "operator") return ballast::cli::OperatorCommand(args);
+  if (cmd == "simulate") return ballast::cli::SimulateCommand(args);
   std::fprintf(stderr, "ballast: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return ballast::cli::kUsageExit;
 }

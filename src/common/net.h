@@ -31,6 +31,10 @@ std::string HostName();
 // Random hex string of `bytes` random bytes from /dev/urandom (tokens, ids).
 std::string RandomHex(int bytes);
 
+// Compares secrets without an early exit, so response timing does not leak
+// how much of a guessed token was right.
+bool TokenEquals(std::string_view a, std::string_view b);
+
 // --- Addresses that work across hosts ---
 
 // Whether `host` is a loopback name or address (localhost, 127.x, ::1).

@@ -23,13 +23,18 @@ namespace ballast {
 // The environment variable that names the node's progress shm object.
 inline constexpr char kProgressShmEnv[] = "BALLAST_PROGRESS_SHM";
 // First 8 bytes of the object: tells a stale or foreign object apart.
-inline constexpr uint64_t kProgressMagic = 0x31676f7270626c62ULL;  // "blbprog1"
+inline constexpr uint64_t kProgressMagic = 0x32676f7270626c62ULL;  // "blbprog2"
 
 struct alignas(64) ProgressCell {
   std::atomic<uint64_t> step{0};            // the last step the worker reported
   std::atomic<uint64_t> timestamp_ns{0};    // CLOCK_MONOTONIC of that report; 0 = none yet
   std::atomic<uint64_t> checkpoint_ns{0};   // CLOCK_MONOTONIC when a checkpoint save began; 0 = none
   std::atomic<uint64_t> reports{0};         // how many step() calls (step numbers may repeat)
+  // Checkpoint saves this round and the time training was blocked by them
+  // (a blocking save; the wait for an overlapped one), for the master's
+  // goodput accountant. Added to by the worker only.
+  std::atomic<uint64_t> ckpt_saves{0};
+  std::atomic<uint64_t> ckpt_stall_ns{0};
 };
 static_assert(sizeof(ProgressCell) == 64);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

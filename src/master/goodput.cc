@@ -1,6 +1,7 @@
 #include "master/goodput.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,8 @@ std::string_view GoodputAccountant::PartName(Part part) {
       return "precheck";
     case kStartup:
       return "startup";
+    case kCheckpoint:
+      return "checkpoint";
     case kIdle:
       return "idle";
     case kNumParts:
@@ -55,6 +58,7 @@ void GoodputAccountant::Close(double now, Part tail, Breakdown* b) const {
 void GoodputAccountant::Enter(double now, Phase phase) {
   phase_ = phase;
   since_ = now;
+  if (phase == Phase::kStarting) round_stall_ = pending_stall_ = 0;  // a new round's workers count from 0
 }
 
 void GoodputAccountant::Rendezvous(double now) {
@@ -101,6 +105,10 @@ void GoodputAccountant::Progress(double now, const WorldStep& w) {
     last_advance_ = first_at;
     totals_.high_water_step = std::max(totals_.high_water_step, w.first_step);
   }
+  if (w.ckpt_stall_s > round_stall_) {
+    pending_stall_ += w.ckpt_stall_s - round_stall_;
+    round_stall_ = w.ckpt_stall_s;
+  }
   Advance(std::clamp(w.reached_at, last_advance_, now), w.step);
 }
 
@@ -114,7 +122,11 @@ void GoodputAccountant::Advance(double at, int64_t step) {
   if (step == last_step_) return;
   const int64_t n = step - last_step_;
   const int64_t fresh = std::max<int64_t>(0, step - std::max(last_step_, totals_.high_water_step));
-  const double dt = at - last_advance_;
+  // The stall reported since the last advance fell in this interval.
+  const double stall = std::min(pending_stall_, at - last_advance_);
+  pending_stall_ -= stall;
+  totals_.seconds[kCheckpoint] += stall;
+  const double dt = at - last_advance_ - stall;
   totals_.seconds[kProductive] += dt * static_cast<double>(fresh) / static_cast<double>(n);
   totals_.seconds[kRecompute] += dt * static_cast<double>(n - fresh) / static_cast<double>(n);
   totals_.recomputed_steps += n - fresh;
@@ -148,6 +160,36 @@ std::string FormatGoodput(const v1::Goodput& g) {
   std::string line = absl::StrFormat("goodput %.1f%% of %.1f s (%s", 100 * g.goodput(), g.wall_s(), parts);
   if (g.recomputed_steps() > 0) absl::StrAppend(&line, "; ", g.recomputed_steps(), " steps redone");
   return line + ")";
+}
+
+void StepHistory::Add(double at_s, int64_t step) {
+  if (!points_.empty() && (step <= points_.back().step || at_s - points_.back().at_s < interval_s_)) return;
+  points_.push_back({at_s, step});
+  if (points_.size() > kMaxPoints) {
+    std::vector<Point> kept;
+    for (size_t i = 0; i < points_.size(); i += 2) kept.push_back(points_[i]);
+    points_.swap(kept);
+    interval_s_ *= 2;
+  }
+}
+
+std::string FormatFailures(const v1::JobStatus& st) {
+  if (st.failures_total() == 0) return "no failures";
+  std::map<std::string, int> kinds;
+  double resume_sum = 0;
+  int resumed = 0;
+  for (const auto& f : st.failures()) {
+    ++kinds[f.kind()];
+    if (f.resumed()) {
+      resume_sum += f.resume_s();
+      ++resumed;
+    }
+  }
+  std::string by_kind;
+  for (const auto& [k, n] : kinds) absl::StrAppend(&by_kind, by_kind.empty() ? "" : ", ", n, " ", k);
+  std::string line = absl::StrCat(st.failures_total(), st.failures_total() == 1 ? " failure (" : " failures (", by_kind, ")");
+  if (resumed > 0) absl::StrAppend(&line, absl::StrFormat(", training resumed %.2f s after each on average", resume_sum / resumed));
+  return line;
 }
 
 }  // namespace ballast::master

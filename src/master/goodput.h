@@ -16,12 +16,16 @@
 //   rendezvous   no round running: waiting for nodes, the rendezvous;
 //   precheck     the pre-flight check;
 //   startup      the first round's start until every node made its first step;
+//   checkpoint   training blocked in checkpoint saves (a blocking save, the
+//                wait for an overlapped one): the slowest worker's stall,
+//                taken out of the step intervals it fell in;
 //   idle         time in a running round not attributed yet: since the last
 //                advance of the world's step (a step in progress becomes
 //                productive or recompute when it completes).
 // What it cannot see: a script that never calls ballast.step() reports no
 // steps (then steps_seen is false and goodput is unknown, not guessed);
-// checkpoint stalls are inside the step times (not a part of their own yet).
+// checkpoint saves that bypass ballast.checkpoint (torch.save in the script)
+// stay inside the step times; a checkpoint load is part of restart/startup.
 // Step times are exact (agents report when a step was reached, and report at
 // once when a worker fails), not rounded to the report interval.
 //
@@ -33,6 +37,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ballast/v1/master.pb.h"
 
@@ -40,7 +45,7 @@ namespace ballast::master {
 
 class GoodputAccountant {
  public:
-  enum Part { kProductive, kRecompute, kRestart, kRendezvous, kPrecheck, kStartup, kIdle, kNumParts };
+  enum Part { kProductive, kRecompute, kRestart, kRendezvous, kPrecheck, kStartup, kCheckpoint, kIdle, kNumParts };
   static std::string_view PartName(Part part);
 
   explicit GoodputAccountant(double now);
@@ -60,6 +65,7 @@ class GoodputAccountant {
     double reached_at = 0;    // when the world reached it (<= now)
     int64_t first_step = -1;  // the round's first step (-1: not known yet)
     double first_at = 0;      // when every node had made it
+    double ckpt_stall_s = 0;  // the most time one worker was blocked in checkpoint saves this round
   };
   void Progress(double now, const WorldStep& w);
   void Progress(double now, int64_t step) { Progress(now, WorldStep{step, now, step, now}); }
@@ -75,6 +81,7 @@ class GoodputAccountant {
     double goodput() const { return wall_s > 0 ? seconds[kProductive] / wall_s : 0; }
   };
   Breakdown Get(double now) const;
+  int64_t high_water_step() const { return totals_.high_water_step; }
 
  private:
   enum class Phase { kRendezvous, kPrecheck, kStarting, kTraining, kDone };
@@ -93,11 +100,34 @@ class GoodputAccountant {
   // Training.
   int64_t last_step_ = -1;      // the world's step at the last advance (-1: none yet this round)
   double last_advance_ = 0;
+  double round_stall_ = 0;      // WorldStep::ckpt_stall_s seen this round
+  double pending_stall_ = 0;    // stall not yet taken out of a step interval
   Breakdown totals_;
+};
+
+// The world's step over the whole job for a step-rate chart, in at most
+// kMaxPoints points: a point at most every interval, and when full every
+// other point goes and the interval doubles (so it always spans the job).
+class StepHistory {
+ public:
+  static constexpr size_t kMaxPoints = 240;
+  void Add(double at_s, int64_t step);
+  struct Point {
+    double at_s;
+    int64_t step;
+  };
+  const std::vector<Point>& points() const { return points_; }
+
+ private:
+  std::vector<Point> points_;
+  double interval_s_ = 1;
 };
 
 // "goodput 94.4% of 190.6 s (productive 180.0 s, restart 0.8 s, ...; 2 steps
 // redone)", or why it is unknown: for `ballast status` and job summaries.
 std::string FormatGoodput(const v1::Goodput& g);
+// "3 failures (2 killed, 1 node-lost), training resumed 0.41 s after each on
+// average": what a job survived, for its summary.
+std::string FormatFailures(const v1::JobStatus& st);
 
 }  // namespace ballast::master

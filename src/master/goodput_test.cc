@@ -71,5 +71,48 @@ TEST(Goodput, WithoutProgressReportsGoodputIsUnknown) {
   EXPECT_DOUBLE_EQ(g.Get(33.0).seconds[G::kProductive], 0.0);
 }
 
+TEST(Goodput, CheckpointStallsComeOutOfTheStepIntervalsTheyFellIn) {
+  G g(0.0);
+  g.RoundStarted(0.0);
+  g.Progress(1.0, 1);  // startup 1 s
+  auto at = [](int64_t step, double t, double stall) {
+    G::WorldStep w;
+    w.step = step;
+    w.reached_at = t;
+    w.first_step = 1;
+    w.first_at = 1.0;
+    w.ckpt_stall_s = stall;
+    return w;
+  };
+  g.Progress(3.0, at(3, 3.0, 0.5));  // 2 s for steps 2-3, 0.5 s of it in saves
+  g.Progress(4.0, at(4, 4.0, 0.5));  // no new stall
+  g.Progress(4.2, at(4, 4.0, 1.5));  // a 1 s save reported before its step completed...
+  g.Progress(6.0, at(5, 6.0, 1.5));  // ...is taken out of that step
+  G::Breakdown b = g.Get(6.0);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kCheckpoint], 1.5);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kProductive], 5.0 - 1.5);
+  EXPECT_DOUBLE_EQ(Sum(b), b.wall_s);
+  // A new round's workers count their stall from zero again.
+  g.Failure(6.5);
+  g.RoundStarted(6.5);
+  g.Progress(7.0, at(5, 7.0, 0.0));
+  g.Progress(8.0, at(7, 8.0, 0.25));
+  b = g.Get(8.0);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kCheckpoint], 1.75);
+  EXPECT_DOUBLE_EQ(Sum(b), b.wall_s);
+}
+
+TEST(StepHistory, StaysBoundedAndSpansTheWholeJob) {
+  StepHistory h;
+  for (int i = 0; i < 10000; ++i) h.Add(0.5 * i, i);
+  ASSERT_LE(h.points().size(), StepHistory::kMaxPoints);
+  EXPECT_GE(h.points().size(), StepHistory::kMaxPoints / 2);
+  EXPECT_DOUBLE_EQ(h.points().front().at_s, 0);
+  EXPECT_GT(h.points().back().at_s, 0.9 * 0.5 * 10000);
+  for (size_t i = 1; i < h.points().size(); ++i) EXPECT_GT(h.points()[i].step, h.points()[i - 1].step);
+  h.Add(1e6, 5);  // a rolled-back step is not a new high
+  EXPECT_NE(h.points().back().at_s, 1e6);
+}
+
 }  // namespace
 }  // namespace ballast::master

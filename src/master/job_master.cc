@@ -127,6 +127,7 @@ JobMaster::JobMaster(JobMasterOptions options)
       clock_(options_.clock),
       start_time_(clock_->Now()),
       goodput_(start_time_),
+      events_(clock_, start_time_),
       rdzv_(MakeRendezvousConfig(options_)),
       nodes_(clock_, options_.heartbeat_timeout_s),
       policy_(options_.max_restarts) {
@@ -202,6 +203,7 @@ void JobMaster::Push(const std::string& node_id, v1::Decision d) {
   auto it = outboxes_.find(node_id);
   if (it == outboxes_.end()) return;
   Outbox& ob = *it->second;
+  ++decisions_pushed_;
   spdlog::info("job={} node={} round={} decision={}", options_.job_id, node_id, round_,
                DescribeDecision(d));
   // StopWorkers is a transition, not a state: a reconnecting agent needs the
@@ -243,6 +245,7 @@ std::string JobMaster::RendezvousWaitReason(double now) const {
 }
 
 void JobMaster::StartRound(const World& world, bool is_restart, const std::string& why) {
+  FlushProgress(clock_->Now());  // the old round's last steps count first
   ++round_;
   if (is_restart) ++restart_count_;
   state_ = JobState::kRunning;
@@ -254,6 +257,9 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
   message_ = absl::StrCat("round ", round_, ": ", why);
   spdlog::info("job={} round={} starts: {} nodes, world_size {}, restart_count {} ({})",
                options_.job_id, round_, world.num_nodes(), world.world_size, restart_count_, why);
+  events_.Append("round", round_, "",
+                 absl::StrCat(why, ": ", world.num_nodes(), " nodes, world size ", world.world_size,
+                              is_restart ? absl::StrCat(", restart ", restart_count_) : ""));
   for (auto& [id, rec] : nodes_.mutable_alive()) {
     rec.state = NodeState::kWaiting;
     rec.group_rank = -1;
@@ -276,6 +282,7 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
     s->set_max_restarts(options_.max_restarts);
     s->set_run_id(options_.job_id);
     for (const auto& other : world.members) {
+      if (!options_.send_round_members) break;
       v1::RoundMember* rm = s->add_members();
       rm->set_node_id(other.node_id);
       rm->set_group_rank(other.group_rank);
@@ -319,7 +326,9 @@ void JobMaster::Evaluate(double now) {
   // up once admissible late joiners make a bigger valid world. Not once a
   // member finished: restarting the round would redo finished training.
   if (JoinerCheckGate(now)) return;
-  if (done_.empty() && AdmissibleWorldNodes() > world_.num_nodes() && rdzv_.Ready(now)) {
+  // (A world at MAX cannot grow: skip counting admissible nodes each tick.)
+  if (done_.empty() && world_.num_nodes() < options_.max_nodes && AdmissibleWorldNodes() > world_.num_nodes() &&
+      rdzv_.Ready(now)) {
     std::optional<World> world = FormAdmissible();
     if (world.has_value()) {
       StartRound(*world, /*is_restart=*/false,
@@ -341,8 +350,10 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
     d.mutable_stop_workers()->set_reason(reason);
     Push(m.node_id, std::move(d));
   }
+  FlushProgress(now);
   state_ = JobState::kRendezvous;
   goodput_.Rendezvous(now);
+  events_.Append("rendezvous", round_, "", reason);
   below_min_since_ = now;
   below_min_context_ = context;
   world_ = World{};
@@ -357,14 +368,26 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
 
 void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
                           const std::string& reason, double now, LostList* lost) {
+  FlushProgress(now);  // while the lost nodes still count in the world's step
   std::vector<std::string> gone;
-  bool lost_active_member = false;
+  std::vector<v1::FailureRecord> broke;  // the round's members it lost
   for (const auto& id : ids) {
     if (!nodes_.IsAlive(id)) continue;
     bool member = state_ == JobState::kRunning && IsMember(id);
     // A member whose workers already finished does not break the round: the
     // others finish without it.
-    if (member && done_.count(id) == 0) lost_active_member = true;
+    if (member && done_.count(id) == 0 && !finished()) {
+      const NodeRecord* rec = nodes_.Find(id);
+      v1::FailureRecord r;
+      r.set_node_id(id);
+      r.set_host(rec->spec.host);
+      r.set_node_rank(world_.Find(id)->group_rank);
+      r.set_global_rank(-1);
+      r.set_cause(reason);
+      r.set_kind("node-lost");
+      r.set_detection_s(std::max(0.0, now - rec->last_heartbeat));
+      broke.push_back(std::move(r));
+    }
     nodes_.Remove(id, how, reason);
     rdzv_.Remove(id);
     if (auto it = outboxes_.find(id); it != outboxes_.end()) {
@@ -375,22 +398,30 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     }
     spdlog::warn("job={} node={} round={} lost: {}{}", options_.job_id, id, round_, reason,
                  member ? " (a member of the round)" : "");
+    events_.Append("node_lost", round_, id, reason);
     gone.push_back(id);
   }
   if (gone.empty() || finished()) return;
   for (const auto& id : gone) lost->emplace_back(id, reason);
-  if (!lost_active_member) {
+  if (broke.empty()) {
     MaybeSucceed();
     return;
   }
   goodput_.Failure(now);
+  std::optional<World> world = FormAdmissible();
+  for (auto& r : broke) {
+    r.set_round(round_);
+    r.set_at_s(now - start_time_);
+    r.set_action(world.has_value() ? "scale down" : "wait for nodes");
+    failures_.Add(std::move(r));
+  }
   std::string context =
       gone.size() == 1
           ? absl::StrCat("after node ", gone[0], " was lost (", reason, ")")
           : absl::StrCat("after nodes ", absl::StrJoin(gone, ", "), " were lost (", reason, ")");
   // Recovery speed matters: no last call when the rest still makes a world.
   // The membership change does not use up a restart.
-  if (std::optional<World> world = FormAdmissible(); world.has_value()) {
+  if (world.has_value()) {
     StartRound(*world, /*is_restart=*/false,
                absl::StrCat("scale down to ", world->num_nodes(), " nodes ", context));
     return;
@@ -408,10 +439,12 @@ void JobMaster::MaybeSucceed() {
 }
 
 void JobMaster::Finish(bool succeeded, const std::string& message) {
+  FlushProgress(clock_->Now());
   state_ = succeeded ? JobState::kSucceeded : JobState::kFailed;
   goodput_.Finished(clock_->Now());
   message_ = message;
   outcome_ = JobOutcome{succeeded, message, restart_count_};
+  events_.Append("finished", round_, "", message);
   if (succeeded) {
     spdlog::info("job={} round={} {}", options_.job_id, round_, message);
   } else {
@@ -507,11 +540,13 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
                  "rank_hint {} ({} nodes alive)",
                  options_.job_id, n.node_id(), round_, n.host(), n.pid(), n.local_world_size(),
                  spec.node_rank_hint, rdzv_.size());
+    events_.Append("node_joined", round_, n.node_id(), absl::StrCat("host ", n.host(), ", ", n.local_world_size(), " workers"));
     if (state_ == JobState::kRendezvous) {
       PushWait(n.node_id(), RendezvousWaitReason(now));
     } else if (!Admissible(n.node_id())) {
       PushWait(n.node_id(), kAwaitingCheckReason);
-    } else if (done_.empty() && AdmissibleWorldNodes() > world_.num_nodes()) {
+    } else if (done_.empty() && world_.num_nodes() < options_.max_nodes &&
+               AdmissibleWorldNodes() > world_.num_nodes()) {
       PushWait(n.node_id(),
                absl::StrCat("joining: a new round with ", AdmissibleWorldNodes(),
                             " nodes starts after the last call (",
@@ -592,7 +627,7 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
     pending_failures_.push_back({report, host, clock_->Now()});
     return absl::OkStatus();
   }
-  HandleFailure(report, host);
+  HandleFailure(report, host, DetectionSeconds(report, 0));
   return absl::OkStatus();
 }
 
@@ -632,7 +667,7 @@ void JobMaster::DecidePendingFailures(double now) {
   // The policy acts on the first report of the round and logs the rest.
   for (const auto& p : ready) {
     if (p.report.round() != round_ || finished()) break;
-    HandleFailure(p.report, p.host);
+    HandleFailure(p.report, p.host, DetectionSeconds(p.report, now - p.reported_at));
   }
 }
 
@@ -677,7 +712,13 @@ void JobMaster::OrderHangReports(std::vector<PendingFailure>* reports) const {
   blamed.set_stderr_tail(absl::StrCat(blamed.stderr_tail(), "; also hung, waiting for it: ", absl::StrJoin(others, "; ")));
 }
 
-void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host) {
+double JobMaster::DetectionSeconds(const v1::FailureReport& report, double held_s) {
+  // A hang was there since the worker's last progress; an exit since the
+  // agent saw it.
+  return held_s + report.seen_age_s() + (report.kind() == "hang" ? report.hang_idle_s() : 0);
+}
+
+void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s) {
   FailureVerdict verdict = policy_.OnFailure(report, host, restart_count_);
   if (verdict.action == FailureAction::kIgnore) {
     spdlog::info("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
@@ -695,11 +736,28 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   last_failure_.set_stderr_tail(report.stderr_tail());
   last_failure_.set_host(host);
   last_failure_.set_kind(report.kind());
+  const double now = clock_->Now();
+  FlushProgress(now);
+  v1::FailureRecord rec;
+  rec.set_round(report.round());
+  rec.set_at_s(now - start_time_);
+  rec.set_node_id(report.node_id());
+  rec.set_host(host);
+  const MemberAssignment* member = world_.Find(report.node_id());
+  rec.set_node_rank(member != nullptr ? member->group_rank : -1);
+  rec.set_global_rank(report.global_rank());
+  rec.set_cause(last_failure_.cause());
+  rec.set_kind(report.kind().empty() ? "unknown" : report.kind());
+  rec.set_detection_s(detection_s);
+  events_.Append("failure", report.round(), report.node_id(),
+                 absl::StrCat("rank ", report.global_rank(), ": ", last_failure_.cause()));
   if (verdict.action == FailureAction::kFailJob) {
+    rec.set_action("job failed");
+    failures_.Add(std::move(rec));
     Finish(false, verdict.message);
     return;
   }
-  goodput_.Failure(clock_->Now());
+  goodput_.Failure(now);
   spdlog::warn("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
                verdict.message);
   // Same membership, unless waiting nodes make a bigger valid world.
@@ -713,12 +771,14 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   } else {
     world = rdzv_.FormFrom(members);
   }
+  rec.set_action(world.has_value() ? "restart" : "wait for nodes");
+  failures_.Add(std::move(rec));
   if (world.has_value()) {
     StartRound(*world, /*is_restart=*/true, verdict.message);
   } else {
     // Only when members whose workers had finished were lost since: too few
     // are left to restart the round.
-    EnterBelowMin("after a worker failure", clock_->Now());
+    EnterBelowMin("after a worker failure", now);
   }
 }
 
@@ -766,6 +826,16 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   // Progress of an older round is stale but harmless: keep the newest only.
   if (report.round() == round_) {
     const double now = clock_->Now();
+    // Each new save's stall (averaged over the saves since the last report).
+    const bool same_round = rec->progress_round == report.round();
+    const int64_t new_saves = report.ckpt_saves() - (same_round ? rec->ckpt_saves : 0);
+    const double new_stall = report.ckpt_stall_sum_s() - (same_round ? rec->ckpt_stall_sum_s : 0);
+    if (new_saves > 0) {
+      ckpt_save_.Observe(std::max(0.0, new_stall) / static_cast<double>(new_saves), static_cast<uint64_t>(new_saves));
+    }
+    rec->ckpt_saves = report.ckpt_saves();
+    rec->ckpt_stall_max_s = report.ckpt_stall_max_s();
+    rec->ckpt_stall_sum_s = report.ckpt_stall_sum_s();
     rec->last_step = report.step();
     rec->last_step_time_s = report.step_time_s();
     rec->progress_round = report.round();
@@ -773,22 +843,39 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
     rec->first_step_known = report.first_step_known();
     rec->first_step = report.first_step();
     rec->first_step_at = now - std::max(0.0, report.first_step_age_s());
+    // Folded into the world's step at the next tick or state change: a
+    // report costs O(1), not a pass over every member (10,000 nodes report
+    // each second).
+    progress_dirty_ = true;
+  }
+  return absl::OkStatus();
+}
+
+void JobMaster::FlushProgress(double now) const {
+  if (!progress_dirty_) return;
+  progress_dirty_ = false;
+  if (state_ == JobState::kRunning) WorldProgress(now);
+}
+
+void JobMaster::WarnNewStragglers(double now) {
+  if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
+  stragglers_checked_at_ = now;
+  std::map<std::string, double> step_times;
+  for (const auto& m : world_.members) {
+    const NodeRecord* r = nodes_.Find(m.node_id);
+    if (r != nullptr && r->progress_round == round_ && r->last_step_time_s > 0) step_times[m.node_id] = r->last_step_time_s;
+  }
+  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
+  for (const auto& [id, step_time] : step_times) {
+    NodeRecord* rec = nodes_.Find(id);
+    const bool straggler = stragglers.count(id) > 0;
     // Say so once when a node turns into a straggler (status shows it always).
-    std::map<std::string, double> step_times;
-    for (const auto& m : world_.members) {
-      const NodeRecord* r = nodes_.Find(m.node_id);
-      if (r != nullptr && r->progress_round == round_) step_times[m.node_id] = r->last_step_time_s;
-    }
-    if (state_ == JobState::kRunning) WorldProgress(now);
-    const bool straggler = FindStragglers(step_times, options_.straggler_factor).count(report.node_id()) > 0;
     if (straggler && !rec->straggler) {
       spdlog::warn("job={} node={} round={} straggler: step time {:.3f} s > {} x the median {:.3f} s",
-                   options_.job_id, report.node_id(), round_, report.step_time_s(), options_.straggler_factor,
-                   MedianStepTime(step_times));
+                   options_.job_id, id, round_, step_time, options_.straggler_factor, MedianStepTime(step_times));
     }
     rec->straggler = straggler;
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
@@ -866,6 +953,7 @@ absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait
 v1::JobStatus JobMaster::Status() const {
   absl::MutexLock lock(&mu_);
   double now = clock_->Now();
+  FlushProgress(now);
   v1::JobStatus st;
   st.set_job_id(options_.job_id);
   st.set_state(JobStateName(state_));
@@ -911,10 +999,37 @@ v1::JobStatus JobMaster::Status() const {
   st.set_precheck(precheck_.verdict);
   AddReplicaLocations(&st);
   AddGoodput(now, &st);
+  for (const auto& r : failures_.records()) *st.add_failures() = r;
+  st.set_failures_total(failures_.total());
+  for (const auto& p : step_history_.points()) {
+    v1::StepSample* s = st.add_step_history();
+    s->set_at_s(p.at_s);
+    s->set_step(p.step);
+  }
   return st;
 }
 
-void JobMaster::WorldProgress(double now) {
+Histogram JobMaster::RecoveryHistogram() const {
+  absl::MutexLock lock(&mu_);
+  return failures_.recovery();
+}
+
+uint64_t JobMaster::decisions_pushed() const {
+  absl::MutexLock lock(&mu_);
+  return decisions_pushed_;
+}
+
+Histogram JobMaster::CkptSaveHistogram() const {
+  absl::MutexLock lock(&mu_);
+  return ckpt_save_;
+}
+
+std::map<std::string, int> JobMaster::RecoveriesByKind() const {
+  absl::MutexLock lock(&mu_);
+  return failures_.recovered_by_kind();
+}
+
+void JobMaster::WorldProgress(double now) const {
   // The world's step: the lowest of the members' (reached when the last of
   // them reached it), once each reported in this round; its first step: the
   // lowest first step, made when the last node had made its first.
@@ -930,12 +1045,15 @@ void JobMaster::WorldProgress(double now) {
       w.reached_at = std::max(w.reached_at, r->step_reached_at);
     }
     first_known = first_known && r->first_step_known;
+    w.ckpt_stall_s = std::max(w.ckpt_stall_s, r->ckpt_stall_max_s);
     w.first_step = w.first_step < 0 ? r->first_step : std::min(w.first_step, r->first_step);
     w.first_at = std::max(w.first_at, r->first_step_at);
   }
   if (w.step < 0) return;
   if (!first_known) w.first_step = -1;
+  if (first_known) failures_.Resumed(round_, w.first_at - start_time_, w.first_step, goodput_.high_water_step());
   goodput_.Progress(now, w);
+  step_history_.Add(now - start_time_, goodput_.high_water_step());
 }
 
 void JobMaster::AddGoodput(double now, v1::JobStatus* st) const {
@@ -1059,6 +1177,8 @@ void JobMaster::Tick() {
     absl::MutexLock lock(&mu_);
     if (shutdown_ || finished()) return;
     double now = clock_->Now();
+    FlushProgress(now);
+    WarnNewStragglers(now);
     std::vector<std::string> silent = nodes_.SilentNodes();
     if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, &lost);
     if (options_.disconnect_grace_s > 0) {
@@ -1102,6 +1222,7 @@ void JobMaster::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (shutdown_) return;
   shutdown_ = true;
+  events_.Close();
   for (auto& [id, ob] : outboxes_) ob->cv.SignalAll();
   kv_cv_.SignalAll();
   finished_cv_.SignalAll();

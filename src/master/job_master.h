@@ -46,6 +46,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ballast/v1/master.pb.h"
+#include "master/event_log.h"
+#include "master/failure_log.h"
 #include "master/goodput.h"
 #include "common/clock.h"
 #include "master/fault_policy.h"
@@ -94,6 +96,10 @@ struct JobMasterOptions {
   // check, or is a straggler there with exclude_stragglers). Runs WITH the
   // lock held: it must only queue (NodeManager::OnNodeExcluded does).
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_excluded;
+  // StartRound carries every member (agents need the list: MASTER_ADDR
+  // checks, replica peers). The simulator's agents do not, and at 1,000+
+  // nodes the lists are members^2 entries per round: it turns them off.
+  bool send_round_members = true;
 };
 
 // kInvalidArgument with a message that says what to fix, or OK.
@@ -144,6 +150,16 @@ class JobMaster {
   absl::StatusOr<std::string> KvGet(const std::string& key, double wait_s,
                                     const std::function<bool()>& cancelled = {});
   v1::JobStatus Status() const;
+  // The job's timeline (GET /api/v1/events); thread-safe, never takes the job lock.
+  const EventLog& events() const { return events_; }
+  // Recovery-time histogram (decision -> next round's first step) and the
+  // failures the job recovered from by kind, for the metrics.
+  Histogram RecoveryHistogram() const;
+  std::map<std::string, int> RecoveriesByKind() const;
+  Histogram CkptSaveHistogram() const;
+  // Decisions queued so far (any node): a driver that polls every outbox
+  // (the simulator) skips the poll when it has not moved.
+  uint64_t decisions_pushed() const;
 
   // --- Watch streams. ---
   // Starts a stream for a node: its current decision (StartRound, Wait or
@@ -196,7 +212,15 @@ class JobMaster {
   void AddReplicaLocations(v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddGoodput(double now, v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the goodput accountant the world's step from the members' reports.
-  void WorldProgress(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WorldProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Folds the progress reports since the last call into the world's step
+  // (WorldProgress): before every state change, at each tick and in Status().
+  // Const because Status() folds too: the accountant, failure log and step
+  // history it feeds are a cache of the reports (hence mutable).
+  void FlushProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs a node once when it turns into a straggler (at most once a second).
+  void WarnNewStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr double kStragglerCheckIntervalS = 1.0;
   std::string NnodesText() const;
 
   // Queues `d` for the node and makes it the node's current decision when it
@@ -220,7 +244,9 @@ class JobMaster {
   void EnterBelowMin(const std::string& context, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the fault policy to a validated failure report of the current round.
-  void HandleFailure(const v1::FailureReport& report, const std::string& host)
+  // detection_s: from the last sign of health to now (FailureRecord).
+  static double DetectionSeconds(const v1::FailureReport& report, double held_s);
+  void HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the round other than `except` whose Watch stream is closed.
   std::optional<std::string> DisconnectedMember(const std::string& except) const
@@ -272,7 +298,16 @@ class JobMaster {
   const v1::JobSpec spec_;
   ClockInterface* const clock_;
   const double start_time_;
-  GoodputAccountant goodput_ ABSL_GUARDED_BY(mu_);
+  // Fed lazily from the progress reports (FlushProgress), so mutable.
+  mutable GoodputAccountant goodput_ ABSL_GUARDED_BY(mu_);
+  mutable FailureLog failures_ ABSL_GUARDED_BY(mu_);
+  mutable StepHistory step_history_ ABSL_GUARDED_BY(mu_);
+  mutable bool progress_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t decisions_pushed_ ABSL_GUARDED_BY(mu_) = 0;
+  double stragglers_checked_at_ ABSL_GUARDED_BY(mu_) = -1e18;
+  // Seconds each checkpoint save blocked a worker (from progress reports).
+  Histogram ckpt_save_ ABSL_GUARDED_BY(mu_){{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  EventLog events_;  // its own lock (see event_log.h)
 
   mutable absl::Mutex mu_;
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kRendezvous;

@@ -159,6 +159,7 @@ void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reaso
     rec->group_rank = -1;
   }
   spdlog::warn("job={} node={} excluded from the job: {}", options_.job_id, node_id, reason);
+  events_.Append("node_excluded", round_, node_id, reason);
   v1::Decision d;
   d.mutable_excluded()->set_reason(reason);
   Push(node_id, std::move(d));
@@ -168,6 +169,7 @@ void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reaso
 void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now) {
   const health::Verdict& v = outcome.verdict;
   precheck_.verdict = v.message;
+  events_.Append("precheck", round_, "", v.message);
   std::vector<std::string> errors;
   for (const auto& [id, err] : outcome.errors) errors.push_back(absl::StrCat(id, " (", err, ")"));
   // Joiners that all failed are kept out; the training members are fine.

@@ -934,5 +934,68 @@ TEST_F(JobMasterTest, StatusCarriesTheGoodputBreakdownFromProgressReports) {
   EXPECT_THAT(FormatGoodput(g), HasSubstr("goodput "));
 }
 
+TEST_F(JobMasterTest, EachFailureIsRecordedWithDetectionResumeAndStepsLost) {
+  Make(Options(2, 3));
+  Add("a");
+  Add("b");
+  Add("c");
+  ASSERT_EQ(jm_->Status().round(), 1);
+  auto progress = [&](const std::string& id, int64_t round, int64_t step, int64_t first) {
+    v1::ProgressReport p = Progress(id, round, step);
+    p.set_first_step_known(true);
+    p.set_first_step(first);
+    ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  };
+  for (const char* id : {"a", "b", "c"}) progress(id, 1, 10, 1);
+  // A worker of b is killed; its agent saw it 0.2 s before the report came.
+  v1::FailureReport r;
+  r.set_node_id("b");
+  r.set_round(1);
+  r.set_global_rank(1);
+  r.set_signal(9);
+  r.set_cause("SIGKILL");
+  r.set_kind("killed");
+  r.set_max_retries(-1);
+  r.set_seen_age_s(0.2);
+  ASSERT_TRUE(jm_->ReportFailure(r).ok());
+  ASSERT_EQ(jm_->Status().round(), 2);
+  Advance(1.5);
+  for (const char* id : {"a", "b", "c"}) progress(id, 2, 8, 8);  // resumed at step 8: 8, 9, 10 again
+  // Then c goes silent: lost at the heartbeat timeout.
+  live_.erase("c");
+  Advance(5.5);
+  v1::JobStatus st = jm_->Status();
+  ASSERT_EQ(st.failures_size(), 2);
+  EXPECT_EQ(st.failures_total(), 2);
+  const v1::FailureRecord& f = st.failures(0);
+  EXPECT_EQ(f.round(), 1);
+  EXPECT_EQ(f.node_id(), "b");
+  EXPECT_EQ(f.host(), "b.host");
+  EXPECT_EQ(f.node_rank(), 1);
+  EXPECT_EQ(f.global_rank(), 1);
+  EXPECT_EQ(f.kind(), "killed");
+  EXPECT_EQ(f.action(), "restart");
+  EXPECT_NEAR(f.detection_s(), 0.2, 1e-9);
+  EXPECT_TRUE(f.resumed());
+  EXPECT_NEAR(f.resume_s(), 1.5, 1e-6);
+  EXPECT_EQ(f.steps_lost(), 3);
+  const v1::FailureRecord& lost = st.failures(1);
+  EXPECT_EQ(lost.node_id(), "c");
+  EXPECT_EQ(lost.kind(), "node-lost");
+  EXPECT_EQ(lost.cause(), "heartbeat timeout");
+  EXPECT_EQ(lost.global_rank(), -1);
+  EXPECT_EQ(lost.node_rank(), 2);
+  EXPECT_EQ(lost.action(), "scale down");
+  EXPECT_GE(lost.detection_s(), 5.0);  // the heartbeat timeout
+  EXPECT_FALSE(lost.resumed());
+  EXPECT_EQ(jm_->RecoveriesByKind().at("node-lost"), 1);
+  EXPECT_EQ(jm_->RecoveryHistogram().count, 1u);
+  // The timeline has the rounds, the failure and the loss, in order.
+  std::vector<std::string> kinds;
+  for (const auto& e : jm_->events().After(0, 0)) kinds.push_back(e.kind());
+  EXPECT_THAT(kinds, ::testing::ElementsAre("node_joined", "node_joined", "node_joined", "round", "failure", "round",
+                                            "node_lost", "round"));
+}
+
 }  // namespace
 }  // namespace ballast::master

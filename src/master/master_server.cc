@@ -2,16 +2,19 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cctype>
 #include <chrono>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "common/tunables.h"
+#include "master/http_server.h"
 #include "master/job_master.h"
 #include "master/master_service.h"
 #include "spdlog/spdlog.h"
@@ -43,6 +46,8 @@ struct MasterServer::Impl {
   std::unique_ptr<JobMaster> job;
   std::unique_ptr<MasterService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<MasterHttpServer> http;
+  std::string advertise_host;
   absl::Notification stop_ticker;
   std::thread ticker;
   std::mutex shutdown_mu;  // held for the whole Shutdown so callers see it done
@@ -115,6 +120,19 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   }
   std::string advertise = options.advertise_host.empty() ? HostName() : options.advertise_host;
   impl.address = HostPort(advertise, impl.port);
+  impl.advertise_host = advertise;
+  if (options.http_port >= 0) {
+    HttpOptions ho;
+    ho.bind_host = options.bind_host;
+    ho.port = options.http_port;
+    ho.token = options.token;
+    ho.metrics_public = options.metrics_public;
+    absl::StatusOr<std::unique_ptr<MasterHttpServer>> http = MasterHttpServer::Start(ho, impl.job.get());
+    if (!http.ok()) return http.status();  // ~MasterServer stops the gRPC server
+    impl.http = *std::move(http);
+    spdlog::info("job={} dashboard and metrics on http://{}/ (/api/v1/job, /api/v1/events, /metrics{})", impl.job_id,
+                 HostPort(advertise, impl.http->port()), options.metrics_public ? ", /metrics without token" : "");
+  }
 
   JobMaster* job = impl.job.get();
   absl::Notification* stop = &impl.stop_ticker;
@@ -139,6 +157,19 @@ int MasterServer::port() const { return impl_->port; }
 std::string MasterServer::address() const { return impl_->address; }
 const std::string& MasterServer::token() const { return impl_->options.token; }
 const std::string& MasterServer::job_id() const { return impl_->job_id; }
+int MasterServer::http_port() const { return impl_->http != nullptr ? impl_->http->port() : 0; }
+std::string MasterServer::dashboard_url() const {
+  if (impl_->http == nullptr) return "";
+  std::string token;  // percent-encoded: a user's token may hold any byte
+  for (unsigned char c : impl_->options.token) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      token += static_cast<char>(c);
+    } else {
+      absl::StrAppendFormat(&token, "%%%02X", c);
+    }
+  }
+  return absl::StrCat("http://", HostPort(impl_->advertise_host, impl_->http->port()), "/?token=", token);
+}
 
 std::optional<JobResult> MasterServer::WaitForFinish(double timeout_s) {
   std::optional<JobOutcome> outcome = impl_->job->WaitForFinish(timeout_s);
@@ -166,6 +197,7 @@ void MasterServer::Shutdown(double linger_s) {
   }
   // Wake every blocked Watch/KvGet first so server shutdown does not wait on them.
   impl.job->Shutdown();
+  if (impl.http != nullptr) impl.http->Stop();  // after the job: its long-polls have ended
   if (impl.server != nullptr) {  // null only when Start failed to listen
     impl.server->Shutdown(std::chrono::system_clock::now() + kServerShutdownGrace);
     impl.server->Wait();

@@ -24,6 +24,10 @@ struct MasterOptions {
   int port = 0;                       // 0: pick a free port (read it back with port())
   std::string advertise_host;         // host agents use to reach us; "" = HostName()
   std::string token;                  // required, non-empty: every RPC must carry it
+  // The HTTP interface (master/http_server.h: dashboard, /api/v1/job,
+  // /api/v1/events, /metrics) on bind_host: -1 off, 0 any free port.
+  int http_port = -1;
+  bool metrics_public = false;        // /metrics without the token
   std::string job_id;                 // TORCHELASTIC_RUN_ID; "" = random
   int min_nodes = 1;
   int max_nodes = 1;
@@ -48,6 +52,10 @@ struct MasterOptions {
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_excluded;
 };
 
+// The HTTP port a master gets by default: the one after its gRPC port, or
+// any free port when the gRPC port is picked too (0).
+inline int HttpPortBeside(int grpc_port) { return grpc_port == 0 ? 0 : grpc_port + 1; }
+
 struct JobResult {
   bool succeeded = false;
   std::string message;
@@ -65,6 +73,9 @@ class MasterServer {
   std::string address() const;  // advertise_host:port
   const std::string& token() const;
   const std::string& job_id() const;
+  int http_port() const;              // 0 when the HTTP interface is off
+  // http://advertise_host:http_port/?token=TOKEN ("" when off): what a person opens.
+  std::string dashboard_url() const;
 
   // Blocks until the job finished or timeout_s passed (< 0: forever).
   std::optional<JobResult> WaitForFinish(double timeout_s = -1);

@@ -3,22 +3,10 @@
 #include <utility>
 
 #include "common/grpc_util.h"
+#include "common/net.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::master {
-namespace {
-
-// Compares without an early exit so response timing does not leak how much of
-// a guessed token was right.
-bool TokenEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-}  // namespace
-
 MasterService::MasterService(JobMaster* job, std::string token)
     : job_(job), token_(std::move(token)) {}
 

@@ -48,6 +48,10 @@ struct NodeRecord {
   bool first_step_known = false;   // of progress_round: its first step and when every worker had made it
   int64_t first_step = 0;
   double first_step_at = 0;
+  // Checkpoint saves of progress_round (ProgressReport.ckpt_*).
+  int64_t ckpt_saves = 0;
+  double ckpt_stall_max_s = 0;
+  double ckpt_stall_sum_s = 0;
 };
 
 class NodeTable {

@@ -23,6 +23,18 @@ class AsyncSave(TestCase):
         self.assertEqual((step, state["epoch"]), (1, 4))
         self.assertBitwise(big, state["w"])
 
+    def test_saves_count_the_time_they_block_training_in_the_progress_cell(self):
+        ckpt = self.checkpointer()
+        before = ballast.progress.state()
+        ckpt.save(1, {"w": torch.randn(1 << 20)})                    # blocking: all of it
+        ckpt.save(2, {"w": torch.randn(8 << 20)}, blocking=False)    # overlapped: the call ...
+        ckpt.wait_saved()                                            # ... and the wait for the copy
+        after = ballast.progress.state()
+        self.assertEqual(after["ckpt_saves"] - before["ckpt_saves"], 2)
+        self.assertGreater(after["ckpt_stall_ns"] - before["ckpt_stall_ns"], 1_000_000)  # > 1 ms: 36 MiB copied
+        ckpt.wait_saved()  # nothing pending: no stall added
+        self.assertEqual(ballast.progress.state()["ckpt_stall_ns"], after["ckpt_stall_ns"])
+
     def test_small_tensors_are_taken_at_the_call(self):
         ckpt = self.checkpointer()
         running_mean = torch.zeros(16)  # like a BatchNorm buffer forward updates

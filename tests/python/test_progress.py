@@ -9,7 +9,7 @@ import uuid
 
 import ballast
 
-_MAGIC = 0x31676F7270626C62  # "blbprog1", src/common/progress_cell.h
+_MAGIC = 0x32676F7270626C62  # "blbprog2", src/common/progress_cell.h
 
 
 def _make_progress_shm(cells):
