@@ -113,6 +113,11 @@ int RunAgent(const RunOptions& options) {
   }
   ao.token = options.token;
 
+  if (!embedded && (options.http_port.has_value() || options.metrics_public)) {
+    spdlog::warn("--http-port/--metrics-public ignored: this agent joins the master at {}, which serves HTTP itself "
+                 "(pass them to that `ballast master`)",
+                 ao.endpoint);
+  }
   std::unique_ptr<master::MasterServer> master;
   if (embedded) {
     master::MasterOptions mo;
@@ -127,6 +132,7 @@ int RunAgent(const RunOptions& options) {
     mo.max_restarts = options.max_restarts.value_or(3);
     mo.last_call_s = options.last_call_s;
     mo.http_port = options.http_port.value_or(master::HttpPortBeside(bind_port));
+    mo.http_port_is_default = !options.http_port.has_value();
     mo.metrics_public = options.metrics_public;
     auto started = master::MasterServer::Start(mo);
     if (!started.ok()) {

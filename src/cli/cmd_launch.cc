@@ -158,6 +158,7 @@ int LaunchCommand(const Args& args) {
   mopts.advertise_host = "127.0.0.1";
   mopts.port = f.port;
   mopts.http_port = f.http_port == -2 ? master::HttpPortBeside(f.port) : f.http_port;
+  mopts.http_port_is_default = f.http_port == -2;
   mopts.metrics_public = f.metrics_public;
   mopts.token = TokenFromFlagOrEnv(f.token);
   if (mopts.token.empty()) mopts.token = RandomHex(16);

@@ -99,6 +99,7 @@ int MasterCommand(const Args& args) {
   opts.token = TokenFromFlagOrEnv(token);
   if (opts.token.empty()) opts.token = RandomHex(16);
   opts.http_port = http_port == -2 ? master::HttpPortBeside(opts.port) : http_port;
+  opts.http_port_is_default = http_port == -2;
 
   auto server = master::MasterServer::Start(opts);
   if (!server.ok()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -145,6 +146,9 @@ absl::StatusOr<std::unique_ptr<MasterHttpServer>> MasterHttpServer::Start(const 
                                                ": is the port in use? pick another --http-port (0: any free port)"));
   }
   impl.thread = std::thread([&impl] { impl.server.listen_after_bind(); });
+  // Serving before Start returns: a Stop() before the loop ran would not
+  // reach it (httplib's stop() only acts on a running server).
+  for (int i = 0; i < 500 && !impl.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return s;
 }
 

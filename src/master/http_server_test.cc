@@ -153,7 +153,7 @@ TEST(MasterHttp, LongPollsBeyondTheCapAreAnsweredAtOnce) {
   EXPECT_EQ(got_event.load(), 8);
 }
 
-TEST(MasterHttp, ABusyPortIsAClearError) {
+TEST(MasterHttp, ABusyPortIsAClearErrorUnlessItWasADefault) {
   auto first = Start(false);
   ASSERT_NE(first, nullptr);
   MasterOptions o;
@@ -163,6 +163,11 @@ TEST(MasterHttp, ABusyPortIsAClearError) {
   auto second = MasterServer::Start(o);
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("--http-port"));
+  o.http_port_is_default = true;  // beside the gRPC port, not asked for: any free port instead
+  auto third = MasterServer::Start(o);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_GT((*third)->http_port(), 0);
+  EXPECT_NE((*third)->http_port(), first->http_port());
 }
 
 }  // namespace

@@ -128,6 +128,13 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
     ho.token = options.token;
     ho.metrics_public = options.metrics_public;
     absl::StatusOr<std::unique_ptr<MasterHttpServer>> http = MasterHttpServer::Start(ho, impl.job.get());
+    if (!http.ok() && options.http_port_is_default && ho.port != 0) {
+      spdlog::warn("job={} HTTP port {} (the gRPC port + 1) is taken: serving the dashboard and metrics on a free "
+                   "port instead (pass --http-port to choose)",
+                   impl.job_id, ho.port);
+      ho.port = 0;
+      http = MasterHttpServer::Start(ho, impl.job.get());
+    }
     if (!http.ok()) return http.status();  // ~MasterServer stops the gRPC server
     impl.http = *std::move(http);
     spdlog::info("job={} dashboard and metrics on http://{}/ (/api/v1/job, /api/v1/events, /metrics{})", impl.job_id,

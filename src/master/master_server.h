@@ -27,6 +27,9 @@ struct MasterOptions {
   // The HTTP interface (master/http_server.h: dashboard, /api/v1/job,
   // /api/v1/events, /metrics) on bind_host: -1 off, 0 any free port.
   int http_port = -1;
+  // The port was a default (beside the gRPC port), not asked for: when it is
+  // taken, take any free one and say so rather than fail the job.
+  bool http_port_is_default = false;
   bool metrics_public = false;        // /metrics without the token
   std::string job_id;                 // TORCHELASTIC_RUN_ID; "" = random
   int min_nodes = 1;
