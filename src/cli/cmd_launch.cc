@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "common/chaos.h"
 #include "common/net.h"
 #include "common/subprocess.h"
@@ -44,8 +45,7 @@ struct LaunchFlags {
   int node_unit = 1;
   int max_replacements = -1;
   int port = 0;
-  int http_port = -2;  // not given: beside --port
-  bool metrics_public = false;
+  HttpFlags http;
   bool network_check = false;      // --network-check: pre-flight check
   bool exclude_stragglers = false;
   std::string chaos;               // --chaos SPEC (common/chaos.h)
@@ -98,11 +98,7 @@ int LaunchCommand(const Args& args) {
   app.add_option("--max-replacements,--max_replacements", f.max_replacements,
                  "Dead agents replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)");
   app.add_option("--port", f.port, "Master port (0: any free port)");
-  app.add_option("--http-port,--http_port", f.http_port,
-                 "The master's dashboard, /api/v1/job and /metrics (default: --port + 1, any free port when --port "
-                 "is 0; -1: off)")
-      ->check(CLI::Range(-1, 65535));
-  app.add_flag("--metrics-public,--metrics_public", f.metrics_public, "Serve /metrics without the job token");
+  f.http.Add(app);
   app.add_flag("--network-check,--network_check", f.network_check,
                "Pre-flight check before training: nodes run matmul + allreduce in pairs; faulty ones are replaced");
   app.add_flag("--exclude-stragglers,--exclude_stragglers", f.exclude_stragglers,
@@ -157,9 +153,7 @@ int LaunchCommand(const Args& args) {
   mopts.bind_host = "127.0.0.1";
   mopts.advertise_host = "127.0.0.1";
   mopts.port = f.port;
-  mopts.http_port = f.http_port == -2 ? master::HttpPortBeside(f.port) : f.http_port;
-  mopts.http_port_is_default = f.http_port == -2;
-  mopts.metrics_public = f.metrics_public;
+  f.http.Apply(&mopts);
   mopts.token = TokenFromFlagOrEnv(f.token);
   if (mopts.token.empty()) mopts.token = RandomHex(16);
   mopts.min_nodes = range->min;

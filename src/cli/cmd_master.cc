@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "common/net.h"
 #include "common/tunables.h"
 #include "master/master_server.h"
@@ -45,12 +46,8 @@ int MasterCommand(const Args& args) {
                  "Worker-failure restarts before the job fails")->check(CLI::NonNegativeNumber);
   app.add_option("--host", opts.bind_host, "Address to listen on")->capture_default_str();
   app.add_option("--port", opts.port, "Port to listen on (0: any free port)")->capture_default_str();
-  int http_port = -2;  // not given: beside --port
-  app.add_option("--http-port,--http_port", http_port,
-                 "The dashboard, /api/v1/job, /api/v1/events and /metrics (default: --port + 1, any free port when "
-                 "--port is 0; -1: off)")
-      ->check(CLI::Range(-1, 65535));
-  app.add_flag("--metrics-public,--metrics_public", opts.metrics_public, "Serve /metrics without the job token");
+  HttpFlags http;
+  http.Add(app);
   app.add_option("--advertise-host", opts.advertise_host, "Host name agents use to reach this master");
   app.add_option("--token", token, "Job token agents must present (default: $BALLAST_TOKEN, else random)");
   app.add_option("--job-id,--rdzv-id,--rdzv_id", opts.job_id, "Job id (TORCHELASTIC_RUN_ID); default random");
@@ -98,8 +95,7 @@ int MasterCommand(const Args& args) {
   opts.max_nodes = range->max;
   opts.token = TokenFromFlagOrEnv(token);
   if (opts.token.empty()) opts.token = RandomHex(16);
-  opts.http_port = http_port == -2 ? master::HttpPortBeside(opts.port) : http_port;
-  opts.http_port_is_default = http_port == -2;
+  http.Apply(&opts);
 
   auto server = master::MasterServer::Start(opts);
   if (!server.ok()) {
