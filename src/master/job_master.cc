@@ -857,14 +857,21 @@ void JobMaster::FlushProgress(double now) const {
   if (state_ == JobState::kRunning) WorldProgress(now);
 }
 
+std::map<std::string, double> JobMaster::RoundStepTimes() const {
+  // Compared among the current round's members only (a step time from an
+  // older round or another world size says nothing about this one).
+  std::map<std::string, double> step_times;
+  for (const auto& m : world_.members) {
+    const NodeRecord* rec = nodes_.Find(m.node_id);
+    if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
+  }
+  return step_times;
+}
+
 void JobMaster::WarnNewStragglers(double now) {
   if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
   stragglers_checked_at_ = now;
-  std::map<std::string, double> step_times;
-  for (const auto& m : world_.members) {
-    const NodeRecord* r = nodes_.Find(m.node_id);
-    if (r != nullptr && r->progress_round == round_ && r->last_step_time_s > 0) step_times[m.node_id] = r->last_step_time_s;
-  }
+  const std::map<std::string, double> step_times = RoundStepTimes();
   const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
   for (const auto& [id, step_time] : step_times) {
     NodeRecord* rec = nodes_.Find(id);
@@ -961,13 +968,7 @@ v1::JobStatus JobMaster::Status() const {
   st.set_world_size(world_.world_size);
   st.set_restart_count(restart_count_);
   *st.mutable_spec() = spec_;
-  // Stragglers: compared among the current round's members only (a step time
-  // from an older round or another world size says nothing about this one).
-  std::map<std::string, double> step_times;
-  for (const auto& m : world_.members) {
-    const NodeRecord* rec = nodes_.Find(m.node_id);
-    if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
-  }
+  const std::map<std::string, double> step_times = RoundStepTimes();
   const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
   auto add = [&](const NodeRecord& rec) {
     v1::NodeStatus* ns = st.add_nodes();

@@ -218,6 +218,8 @@ class JobMaster {
   // Const because Status() folds too: the accountant, failure log and step
   // history it feeds are a cache of the reports (hence mutable).
   void FlushProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current round's members' step times (0: unknown), for straggler checks.
+  std::map<std::string, double> RoundStepTimes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs a node once when it turns into a straggler (at most once a second).
   void WarnNewStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStragglerCheckIntervalS = 1.0;

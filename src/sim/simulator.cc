@@ -420,15 +420,8 @@ PolicyResult PolicyRun::Go() {
   result_.restarts = st.restart_count();
   result_.rounds = static_cast<int>(st.round());
   result_.steps = g.high_water_step();
-  double resume = 0;
-  int resumed = 0;
-  for (const auto& f : st.failures()) {
-    if (f.resumed()) {
-      resume += f.resume_s();
-      ++resumed;
-    }
-  }
-  result_.mean_resume_s = resumed > 0 ? resume / resumed : 0;
+  const master::Histogram recovery = jm_->RecoveryHistogram();  // every resumed failure, not just the listed
+  result_.mean_resume_s = recovery.count > 0 ? recovery.sum / static_cast<double>(recovery.count) : 0;
   result_.sim_cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - cpu0).count();
   return result_;
 }
@@ -518,16 +511,12 @@ SimResult Simulate(const SimOptions& o) {
   return r;
 }
 
-namespace {
-
-double Part(const PolicyResult& p, const std::string& name) {
-  for (const auto& [n, s] : p.parts) {
+double PolicyResult::Part(const std::string& name) const {
+  for (const auto& [n, s] : parts) {
     if (n == name) return s;
   }
   return 0;
 }
-
-}  // namespace
 
 std::string SimResultJson(const SimOptions& o, const SimResult& r) {
   nlohmann::json doc;
@@ -562,7 +551,7 @@ std::string SimResultJson(const SimOptions& o, const SimResult& r) {
     }
     policies[PolicyName(p.policy)] = {{"goodput", p.goodput},
                                       {"wall_s", p.wall_s},
-                                      {"productive_s", Part(p, "productive")},
+                                      {"productive_s", p.Part("productive")},
                                       {"lost_s", lost},
                                       {"steps", p.steps},
                                       {"process_failures", p.process_failures},

@@ -86,6 +86,7 @@ struct PolicyResult {
   double wall_s = 0;
   double goodput = 0;
   std::vector<std::pair<std::string, double>> parts;  // the accountant's parts, seconds
+  double Part(const std::string& name) const;         // one of them (0 when absent)
   int process_failures = 0;
   int node_failures = 0;
   int restarts = 0;           // in-place restarts the master counted

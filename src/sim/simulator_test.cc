@@ -13,13 +13,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-double PartOf(const PolicyResult& p, const std::string& name) {
-  for (const auto& [n, s] : p.parts) {
-    if (n == name) return s;
-  }
-  return 0;
-}
-
 TEST(Simulator, ReproducesThePublishedFailureArithmetic) {
   SimOptions o;
   o.gpus = 1000;
@@ -57,10 +50,10 @@ TEST(Simulator, BallastKeepsMoreGoodputThanDlroverThanManualAndThePartsAddUp) {
   EXPECT_GT(ballast.goodput, 0.9);
   // Flash checkpoints every step: nothing is redone but the interrupted
   // steps, up to the failure's decision (a lost node's: the heartbeat timeout).
-  EXPECT_LT(PartOf(ballast, "recompute"), (o.step_time_s + 0.5) * static_cast<double>(r.faults.size()) +
+  EXPECT_LT(ballast.Part("recompute"), (o.step_time_s + 0.5) * static_cast<double>(r.faults.size()) +
                                               o.heartbeat_timeout_s * ballast.node_failures);
-  EXPECT_GT(PartOf(dlrover, "recompute"), 100 * o.step_time_s);
-  EXPECT_GT(PartOf(ballast, "checkpoint"), 0);
+  EXPECT_GT(dlrover.Part("recompute"), 100 * o.step_time_s);
+  EXPECT_GT(ballast.Part("checkpoint"), 0);
   // A lost node is replaced (the spare takes its place, a new spare is asked for).
   if (ballast.node_failures > 0) {
     EXPECT_GE(ballast.replacements, ballast.node_failures);
@@ -100,13 +93,13 @@ TEST(Simulator, AFaultScheduleCostsWhatTheRestartCosts) {
   //     0.6 s lost (recompute); restart 2 s + the first step: step 26 at 33.6;
   //   steps 27-52 by 59.6 (26 s); fault 60.5, reported 60.6: 1.0 s lost;
   //     step 53 at 63.6; steps 54-100 by 110.6 (47 s).
-  EXPECT_NEAR(PartOf(p, "startup"), 6, 1e-6);
-  EXPECT_NEAR(PartOf(p, "productive"), 24 + 26 + 47, 1e-6);
-  EXPECT_NEAR(PartOf(p, "recompute"), 0.6 + 1.0, 1e-6);
-  EXPECT_NEAR(PartOf(p, "restart"), 2 * 3, 1e-6);
+  EXPECT_NEAR(p.Part("startup"), 6, 1e-6);
+  EXPECT_NEAR(p.Part("productive"), 24 + 26 + 47, 1e-6);
+  EXPECT_NEAR(p.Part("recompute"), 0.6 + 1.0, 1e-6);
+  EXPECT_NEAR(p.Part("restart"), 2 * 3, 1e-6);
   EXPECT_NEAR(p.mean_resume_s, 3, 1e-6);
   EXPECT_NEAR(p.wall_s, 110.6, 1e-5);
-  EXPECT_NEAR(p.goodput, PartOf(p, "productive") / p.wall_s, 1e-9);
+  EXPECT_NEAR(p.goodput, p.Part("productive") / p.wall_s, 1e-9);
 }
 
 TEST(Simulator, ALostNodeWaitsForItsReplacementWithoutASpare) {
@@ -130,11 +123,11 @@ TEST(Simulator, ALostNodeWaitsForItsReplacementWithoutASpare) {
   EXPECT_EQ(dlrover.replacements, 1);
   // dlrover: detected after the heartbeat timeout, then the world waits for
   // the new node (rendezvous), and rolls back to its last disk checkpoint.
-  EXPECT_NEAR(PartOf(dlrover, "rendezvous"), 100, 2);
-  EXPECT_GT(PartOf(dlrover, "recompute"), 150);
+  EXPECT_NEAR(dlrover.Part("rendezvous"), 100, 2);
+  EXPECT_GT(dlrover.Part("recompute"), 150);
   // ballast: the spare is in the next round at once; nothing rolled back.
-  EXPECT_LT(PartOf(ballast, "rendezvous"), 2);
-  EXPECT_LT(PartOf(ballast, "recompute"), 12);
+  EXPECT_LT(ballast.Part("rendezvous"), 2);
+  EXPECT_LT(ballast.Part("recompute"), 12);
   EXPECT_GT(ballast.goodput, dlrover.goodput);
 }
 
