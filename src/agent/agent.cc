@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -18,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "common/net.h"
 #include "common/subprocess.h"
+#include "common/tls.h"
+#include "health/oom.h"
 #include "common/chaos.h"
 #include "health/failure_class.h"
 #include "health/stack_dump.h"
@@ -219,6 +222,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   MasterClientOptions copts;
   copts.endpoint = options_.endpoint;
   copts.token = options_.token;
+  copts.credentials = options_.credentials;
   copts.reconnect_timeout_s = options_.tunables.reconnect_timeout_s;
   client_ = std::make_unique<MasterClient>(copts);
 }
@@ -333,18 +337,21 @@ void Agent::JoinReplicaFetches() {
 
 void Agent::SetReplicaPeers(const v1::StartRound& start) {
   if (replica_sender_ == nullptr) return;
-  std::vector<const v1::RoundMember*> ring;
-  for (const v1::RoundMember& m : start.members()) ring.push_back(&m);
-  std::sort(ring.begin(), ring.end(),
-            [](const v1::RoundMember* a, const v1::RoundMember* b) { return a->group_rank() < b->group_rank(); });
+  // The next K nodes by group rank. In a big world the master lists only
+  // those (and group rank 0), not every member: look them up by rank.
+  std::map<int, const v1::RoundMember*> by_rank;
+  for (const v1::RoundMember& m : start.members()) by_rank[m.group_rank()] = &m;
   std::vector<ReplicaPeer> peers;
-  const int n = static_cast<int>(ring.size());
-  int me = 0;
-  for (int i = 0; i < n; ++i) me = ring[i]->node_id() == options_.node_id ? i : me;
+  const int n = start.group_world_size();
   const int k_max = std::min(options_.run.ckpt_replicas, n - 1);
   for (int k = 1; k <= k_max; ++k) {
-    const v1::RoundMember* m = ring[(me + k) % n];
-    if (m->node_id() != options_.node_id) peers.push_back({m->node_id(), ""});
+    auto it = by_rank.find((start.group_rank() + k) % n);
+    if (it == by_rank.end()) {
+      spdlog::warn("checkpoint replicas: the round lists no node at group rank {} (a master too old for {} copies?) {}",
+                   (start.group_rank() + k) % n, k_max, Fmt());
+      break;
+    }
+    if (it->second->node_id() != options_.node_id) peers.push_back({it->second->node_id(), ""});
   }
   replica_sender_->SetPeers(std::move(peers), start.rank_offset(), start.world_size());
 }
@@ -466,7 +473,7 @@ int Agent::Run() {
     } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
       PrintError(absl::StrCat("cannot reach the ballast master at ", options_.endpoint, " after ",
                               join_timeout, " s: is `ballast master` running there and the port open? "
-                              "(BALLAST_CONNECT_TIMEOUT_S waits longer)"));
+                              "(BALLAST_CONNECT_TIMEOUT_S waits longer)", TlsHint(std::string(s.message()))));
     } else {
       PrintError(absl::StrCat("the ballast master at ", options_.endpoint, " refused to join this node: ",
                               s.message()));
@@ -617,7 +624,7 @@ absl::StatusOr<RoundEndpoint> Agent::RoundMasterEndpoint(const v1::StartRound& s
       if (s.ok()) return ep;
       if (!Retryable(s) || SupersedingEventPending()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    } while (SecondsSince(t0) < 5.0);
+    } while (SecondsSince(t0) < options_.tunables.reconnect_timeout_s);  // a restarting master comes back
     return s;
   }
   auto t0 = Clock::now();
@@ -779,6 +786,7 @@ void Agent::StartRound(const v1::StartRound& start) {
     return;
   }
   running_round_ = true;
+  oom_kills_seen_ = health::CgroupOomKills();
   timeline_.started_ns = MonotonicNowNs();
   timeline_.pending = true;
   warm_due_ns_ = warm_ != nullptr ? timeline_.started_ns + kWarmPrepareFallbackNs : 0;
@@ -804,10 +812,11 @@ void Agent::ReportFailure(v1::FailureReport report) {
       spdlog::debug("failure report for round {} is stale: {}", report.round(), std::string(s.message()));
       return;
     }
-    // A master briefly unreachable must still hear about the failure, or the
-    // surviving ranks would wait in their collectives; give up after a few
-    // seconds (the heartbeat carries the failed state too).
-    if (!Retryable(s) || SecondsSince(t0) > 5.0 || signals_.load() > 0 || SupersedingEventPending()) {
+    // A master unreachable (restarting from its journal) must still hear
+    // about the failure, or the surviving ranks would wait in their
+    // collectives: retry as long as the agent waits for a lost master.
+    if (!Retryable(s) || SecondsSince(t0) > options_.tunables.reconnect_timeout_s || signals_.load() > 0 ||
+        SupersedingEventPending()) {
       spdlog::warn("could not report the failure of rank {} to the master: {} {}", report.global_rank(),
                    s.ToString(), Fmt());
       return;
@@ -857,6 +866,12 @@ std::optional<int> Agent::PollWorkers() {
       evidence.exit_code = e.status.exit_code;
       evidence.signal = e.status.signal;
       evidence.stderr_tail = e.stderr_tail;
+      if (e.status.signal == SIGKILL) {
+        // The kernel counts its OOM kills in the cgroup the workers share with us.
+        const std::optional<int64_t> kills = health::CgroupOomKills();
+        evidence.oom_killed = kills.has_value() && oom_kills_seen_.has_value() && *kills > *oom_kills_seen_;
+        oom_kills_seen_ = kills;
+      }
       health::FailureClass fc = health::Classify(evidence);
       report.set_cause(fc.cause);
       report.set_kind(health::FailureKindName(fc.kind));
@@ -871,7 +886,7 @@ std::optional<int> Agent::PollWorkers() {
         s = client_->ReportWorkersDone(options_.node_id, e.round);
         if (s.ok() || absl::IsAborted(s) || !Retryable(s)) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      } while (SecondsSince(t0) < 5.0 && signals_.load() == 0);
+      } while (SecondsSince(t0) < options_.tunables.reconnect_timeout_s && signals_.load() == 0);
       if (!s.ok() && !absl::IsAborted(s)) spdlog::warn("could not report workers done: {} {}", s.ToString(), Fmt());
     }
   }

@@ -45,6 +45,7 @@ struct AgentOptions {
   RunOptions run;
   std::string endpoint;  // the master, host:port
   std::string token;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // TLS to the master; nullptr: insecure
   std::string node_id;   // "" = "<hostname>-<pid>-<4 hex>"
   std::string host;      // address others reach this node at; "" = derived from endpoint
   Tunables tunables = Tunables::Get();
@@ -264,6 +265,9 @@ class Agent {
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none
   bool round_failed_reported_ = false;
+  // The OOM kills counted in this agent's memory cgroup (health/oom.h) when
+  // its workers started or a SIGKILLed one was last classified.
+  std::optional<int64_t> oom_kills_seen_;
   bool running_round_ = false;  // workers of round_ were started and not stopped
 
   std::mutex mu_;

@@ -34,25 +34,6 @@ bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
 }
 
-// Pins the newest committed step <= limit: the requested step itself when it
-// is still in memory, else an older committed one. kNotFound when every
-// committed slot holds a newer step (the request was overwritten).
-absl::StatusOr<ckpt::PinnedSlot> PinNewestAtMost(ckpt::SlotStore* store, uint64_t limit) {
-  absl::StatusOr<ckpt::PinnedSlot> pin = store->PinStep(limit);
-  if (pin.ok() || !absl::IsNotFound(pin.status())) return pin;
-  std::optional<uint64_t> best;
-  for (const ckpt::SlotInfo& info : store->Inspect()) {
-    if (info.state != ckpt::SlotState::kCommitted || info.step > limit) continue;
-    if (!best.has_value() || info.step > *best) best = info.step;
-  }
-  if (!best.has_value()) {
-    return absl::NotFoundError(absl::StrCat("no committed step <= ", limit, " in memory"));
-  }
-  // Inspect is a racy snapshot: the slot may have been overwritten since, and
-  // then PinStep says kNotFound, which is the truth by now.
-  return store->PinStep(*best);
-}
-
 }  // namespace
 
 std::string CkptStorePrefix(const std::string& job_id, pid_t pid) {
@@ -160,7 +141,7 @@ void CkptPersister::PollStore(Store& s) {
   const uint64_t durable = s.slots->durable_step();
   if (requested > durable && requested != s.skipped_request &&
       !(requested == s.failed_step && now < s.retry_at)) {
-    absl::StatusOr<ckpt::PinnedSlot> pin = PinNewestAtMost(s.slots.get(), requested);
+    absl::StatusOr<ckpt::PinnedSlot> pin = s.slots->PinNewestAtMost(requested);
     if (!pin.ok()) {
       // Newer steps the worker did not ask to persist overwrote the request
       // (two slots): persisting a newer step would leave a shard no other
@@ -178,15 +159,26 @@ void CkptPersister::PollStore(Store& s) {
     } else {
       const uint64_t step = pin->step();
       absl::Status st = PersistLocked(s, *std::move(pin), *cfg, options_.report_timeout_s);
-      if (!st.ok()) {
+      if (st.ok()) {
+        s.failed_attempts = 0;
+      } else {
+        s.failed_attempts = s.failed_step == requested ? s.failed_attempts + 1 : 1;
         s.failed_step = requested;
         s.retry_at = now + std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(options_.retry_after_s));
-        spdlog::error("cannot persist checkpoint step {} to {}: {} (retrying in {} s) {}", step, cfg->dir,
-                      st.ToString(), options_.retry_after_s, Keys(*cfg));
+        const bool give_up = s.failed_attempts >= CkptPersisterOptions::kMaxWriteAttempts;
+        if (give_up) s.skipped_request = requested;  // the next request tries again
+        spdlog::error("cannot persist checkpoint step {} to {}: {} ({}) {}", step, cfg->dir, st.ToString(),
+                      give_up ? absl::StrCat("gave up on this step after ", s.failed_attempts,
+                                             " attempts; the next persist request tries again")
+                              : absl::StrCat("attempt ", s.failed_attempts, ", retrying in ", options_.retry_after_s, " s"),
+                      Keys(*cfg));
         s.slots->ReportPersistError(
-            requested, absl::StrCat("the agent cannot write step ", step, " to ", cfg->dir, ": ",
-                                    st.message(), " (it retries every ", options_.retry_after_s, " s)"));
+            requested, give_up ? absl::StrCat("the agent gave up writing step ", step, " to ", cfg->dir, " after ",
+                                              s.failed_attempts, " attempts (check the disk; the next persist "
+                                              "request tries again): ", st.message())
+                               : absl::StrCat("the agent cannot write step ", step, " to ", cfg->dir, ": ",
+                                              st.message(), " (it retries every ", options_.retry_after_s, " s)"));
       }
     }
   }

@@ -79,6 +79,7 @@ struct CkptPersisterOptions {
   double breakpoint_report_timeout_s = 2.0;
   // After a failed shard write or report, wait this long before retrying it.
   double retry_after_s = 1.0;
+  static constexpr int kMaxWriteAttempts = 3;  // per requested step
   // How often a store with a durable step not known committed reads
   // <dir>/latest to learn of a commit another agent made.
   double latest_check_interval_s = 0.2;
@@ -150,8 +151,12 @@ class CkptPersister {
     // A request that cannot be served (its step was overwritten in memory by
     // newer, unrequested steps): not retried until a newer request comes.
     uint64_t skipped_request ABSL_GUARDED_BY(mu) = 0;
-    // A failed shard write: retried after retry_at.
+    // A failed shard write: retried after retry_at, at most
+    // kMaxWriteAttempts times in all (a disk that fails with EIO does not
+    // heal by retrying forever); then the step is given up and the next
+    // persist request tries again.
     uint64_t failed_step ABSL_GUARDED_BY(mu) = 0;
+    int failed_attempts ABSL_GUARDED_BY(mu) = 0;
     Clock::time_point retry_at ABSL_GUARDED_BY(mu);
     // A durable shard the master has not acknowledged yet (report failed).
     struct Unreported {

@@ -171,6 +171,38 @@ TEST_F(AgentCkptPersisterTest, OverwrittenRequestIsSkippedUntilTheNextRequest) {
   EXPECT_FALSE(fs::exists(ckpt::ShardPath(dir_, 3, 0)));
 }
 
+TEST_F(AgentCkptPersisterTest, AFailingDiskIsRetriedAFewTimesThenTheStepIsGivenUp) {
+  // The checkpoint "directory" is a regular file: every shard write fails.
+  const std::string file = dir_ + "/not-a-dir";
+  fs::create_directories(dir_);
+  std::ofstream(file) << "x";
+  ckpt::SlotStore* w = workers_[0].get();
+  std::vector<uint8_t> img = ImageForStep(1);
+  auto write = w->BeginSave(1, img.size());
+  ASSERT_TRUE(write.ok());
+  std::memcpy(write->image(), img.data(), img.size());
+  ASSERT_TRUE(w->Commit(&*write, img.size()).ok());
+  ASSERT_TRUE(w->SetPersistConfig({file, 0, 2, 3}).ok());
+  w->RequestPersist(1);
+  for (int attempt = 1; attempt <= CkptPersisterOptions::kMaxWriteAttempts; ++attempt) {
+    persister_->PollOnce();
+    auto err = w->GetPersistError();
+    ASSERT_TRUE(err.has_value());
+    EXPECT_EQ(err->step, 1u);
+    if (attempt < CkptPersisterOptions::kMaxWriteAttempts) {
+      EXPECT_THAT(err->message, HasSubstr("it retries every"));
+    } else {
+      EXPECT_THAT(err->message, HasSubstr("gave up writing step 1"));
+      EXPECT_THAT(err->message, HasSubstr("after 3 attempts"));
+    }
+  }
+  // No more attempts for that step; the message stays the give-up.
+  persister_->PollOnce();
+  EXPECT_THAT(w->GetPersistError()->message, HasSubstr("gave up"));
+  EXPECT_EQ(w->durable_step(), 0u);
+  EXPECT_TRUE(master_.reports.empty());
+}
+
 TEST_F(AgentCkptPersisterTest, BreakpointSavePersistsTheNewestInMemoryStepOnce) {
   Save(0, 5, true);
   Save(1, 5, true);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "common/tls.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -23,13 +24,7 @@ bool Retryable(const absl::Status& s) {
 }  // namespace
 
 MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(options)) {
-  grpc::ChannelArguments args;
-  // gRPC's default reconnect backoff grows to minutes; a restarted master must
-  // be found again within our own 2 s backoff.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_ = grpc::CreateCustomChannel(options_.endpoint, grpc::InsecureChannelCredentials(), args);
+  channel_ = MasterChannel(options_.endpoint, options_.credentials);
   stub_ = v1::Master::NewStub(channel_);
 }
 

@@ -42,6 +42,8 @@ struct MasterClientOptions {
   double reconnect_timeout_s = 60.0;  // Tunables reconnect_timeout_s
   double backoff_initial_s = 0.1;     // retry backoff: 100 ms doubling ...
   double backoff_max_s = 2.0;         // ... to 2 s
+  // TLS (common/tls.h MasterChannelCredentials); nullptr: insecure.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class MasterClient {

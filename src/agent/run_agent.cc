@@ -112,6 +112,16 @@ int RunAgent(const RunOptions& options) {
     return 1;
   }
   ao.token = options.token;
+  TlsFiles tls = options.tls;
+  tls.FillFromEnv();
+  {
+    auto credentials = MasterChannelCredentials(tls);
+    if (!credentials.ok()) {
+      PrintError(std::string(credentials.status().message()));
+      return 2;
+    }
+    ao.credentials = *credentials;
+  }
 
   if (!embedded && (options.http_port.has_value() || options.metrics_public)) {
     spdlog::warn("--http-port/--metrics-public ignored: this agent joins the master at {}, which serves HTTP itself "
@@ -134,6 +144,7 @@ int RunAgent(const RunOptions& options) {
     mo.http_port = options.http_port.value_or(master::HttpPortBeside(bind_port));
     mo.http_port_is_default = !options.http_port.has_value();
     mo.metrics_public = options.metrics_public;
+    mo.tls = tls;
     auto started = master::MasterServer::Start(mo);
     if (!started.ok()) {
       PrintError(absl::StrCat("cannot start the embedded ballast master on ", bind_host, ":", bind_port, ": ",

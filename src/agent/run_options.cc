@@ -282,6 +282,9 @@ const std::map<std::string, FlagDef>& FlagTable() {
           return absl::OkStatus();
         }}},
       {"--token", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->token = v; return absl::OkStatus(); }}},
+      {"--tls-cert", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->tls.cert = v; return absl::OkStatus(); }}},
+      {"--tls-key", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->tls.key = v; return absl::OkStatus(); }}},
+      {"--tls-ca", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->tls.ca = v; return absl::OkStatus(); }}},
       {"--python",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
@@ -425,6 +428,10 @@ Master / rendezvous:
   --rdzv-conf K=V,...       last_call_timeout=S, join_timeout=S, timeout=S
   --rdzv-backend NAME       accepted and ignored (the ballast master is the rendezvous)
   --token TOKEN             the job token the master printed [$BALLAST_TOKEN]
+  --tls-ca FILE             TLS to the master: the PEM CA that signed its certificate [$BALLAST_TLS_CA]
+  --tls-cert FILE, --tls-key FILE
+                            this agent's PEM certificate and key, for a master with
+                            mutual TLS [$BALLAST_TLS_CERT, $BALLAST_TLS_KEY]
   --master-addr HOST        without --rdzv-endpoint: the node with --node-rank 0 hosts
   --master-port PORT          an embedded master at HOST:PORT [29500]; needs --token
   --node-rank N             this node's rank hint (orders nodes)

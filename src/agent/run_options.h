@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 
 namespace ballast::agent {
 
@@ -40,6 +41,7 @@ struct RunOptions {
   bool exclude_stragglers = false;     // --exclude-stragglers
   int node_unit = 0;                   // --node-unit; 0 = the master's
   std::string token;                   // --token or BALLAST_TOKEN
+  TlsFiles tls;                        // --tls-cert/--tls-key/--tls-ca, else BALLAST_TLS_* (common/tls.h)
   std::string python = "python3";      // --python INTERPRETER
   bool warm_restart = true;            // --no-warm-restart turns it off (see warm_pool.h)
   // The embedded master's HTTP interface (--standalone, or node rank 0 with

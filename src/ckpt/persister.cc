@@ -259,9 +259,11 @@ Persister::Persister(SlotStore* store, CommitCoordinatorInterface* coordinator,
                      PersisterOptions options)
     : store_(store), coordinator_(coordinator), options_(std::move(options)) {}
 
-absl::StatusOr<PersistResult> Persister::PersistNewest() {
+absl::StatusOr<PersistResult> Persister::Persist(std::optional<uint64_t> limit) {
   // The pin keeps the writer off this slot while we write it, without a copy.
-  ASSIGN_OR_RETURN(PinnedSlot pin, store_->PinLatest());
+  absl::StatusOr<PinnedSlot> pinned = limit.has_value() ? store_->PinNewestAtMost(*limit) : store_->PinLatest();
+  if (limit.has_value() && absl::IsNotFound(pinned.status())) pinned = store_->PinLatest();  // overwritten: newer
+  ASSIGN_OR_RETURN(PinnedSlot pin, std::move(pinned));
   PersistResult result;
   result.step = pin.step();
   if (last_durable_.has_value() && pin.step() <= *last_durable_) return result;
@@ -310,7 +312,7 @@ void AsyncPersister::Loop() {
     if (!requested_.has_value()) return;  // stop_ with nothing pending
     const uint64_t want = *requested_;
     lock.unlock();
-    absl::StatusOr<PersistResult> r = persister_->PersistNewest();
+    absl::StatusOr<PersistResult> r = persister_->Persist(want);
     lock.lock();
     ++attempts_;
     if (r.ok()) {

@@ -124,7 +124,12 @@ class Persister {
 
   // Persists the newest committed step (the "breakpoint save" on worker
   // failure uses this too). kNotFound when the store holds no step.
-  absl::StatusOr<PersistResult> PersistNewest();
+  absl::StatusOr<PersistResult> PersistNewest() { return Persist(std::nullopt); }
+  // Persists the step asked for: the newest committed one <= `limit` (the
+  // step itself while it is in memory; a save of a newer step before the
+  // persist runs does not replace it), or, when every slot already holds a
+  // newer step, the newest one. Nothing when that is on disk already.
+  absl::StatusOr<PersistResult> Persist(std::optional<uint64_t> limit);
 
   std::optional<uint64_t> last_durable_step() const { return last_durable_; }
 

@@ -151,6 +151,36 @@ TEST(CkptPersister, PersistsNewestCommittedSlotAndCommitsAlone) {
   EXPECT_EQ(std::memcmp(snap->EntryData(0), st.buffers[0].data(), 800), 0);
 }
 
+TEST(CkptPersister, PersistsTheRequestedStepNotANewerSave) {
+  // save(5, persist=True) then save(6) before the persister ran: step 5 is
+  // what reaches the disk (it was asked for), not 6.
+  const std::string dir = MakeTempDir("req");
+  auto store = SlotStore::Create(UniqueShmName("preq"));
+  ASSERT_TRUE(store.ok());
+  WriterOptions wo;
+  wo.copy_threads = 1;
+  CheckpointWriter writer(store->get(), wo);
+  State st;
+  st.Add("x", DType::kInt64, {100}, 1);
+  ASSERT_TRUE(writer.Save(5, st.views).ok());
+  ASSERT_TRUE(writer.Save(6, st.views).ok());
+  LocalCommitCoordinator coord(dir, 1, 2);
+  PersisterOptions po;
+  po.dir = dir;
+  Persister persister(store->get(), &coord, po);
+  auto r = persister.Persist(5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 5u);
+  EXPECT_THAT(ListCompleteSteps(dir), ElementsAre(5));
+  // Once every slot holds a newer step, the newest is written instead.
+  ASSERT_TRUE(writer.Save(7, st.views).ok());
+  ASSERT_TRUE(writer.Save(8, st.views).ok());
+  ASSERT_TRUE(writer.Save(9, st.views).ok());
+  r = persister.Persist(6);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 9u);
+}
+
 TEST(CkptPersister, AsyncPersisterMakesRequestedStepDurable) {
   const std::string dir = MakeTempDir("async");
   auto store = SlotStore::Create(UniqueShmName("async"));

@@ -457,6 +457,20 @@ absl::StatusOr<PinnedSlot> SlotStore::Pin(std::optional<uint64_t> want_step) {
       absl::StrCat("could not pin a slot of checkpoint store '", name_, "' (contention)"));
 }
 
+absl::StatusOr<PinnedSlot> SlotStore::PinNewestAtMost(uint64_t limit) {
+  absl::StatusOr<PinnedSlot> pin = PinStep(limit);
+  if (pin.ok() || !absl::IsNotFound(pin.status())) return pin;
+  std::optional<uint64_t> best;
+  for (const SlotInfo& info : Inspect()) {
+    if (info.state != SlotState::kCommitted || info.step > limit) continue;
+    if (!best.has_value() || info.step > *best) best = info.step;
+  }
+  if (!best.has_value()) return absl::NotFoundError(absl::StrCat("no committed step <= ", limit, " in memory"));
+  // Inspect is a racy snapshot: the slot may have been overwritten since, and
+  // then PinStep says kNotFound, which is the truth by now.
+  return PinStep(*best);
+}
+
 void SlotStore::Unpin(int slot, int cell) {
   int32_t me = pid_;
   slot_control(slot).pins[cell].compare_exchange_strong(me, 0);

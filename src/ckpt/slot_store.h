@@ -211,6 +211,10 @@ class SlotStore {
   // holding `step`.
   absl::StatusOr<PinnedSlot> PinLatest();
   absl::StatusOr<PinnedSlot> PinStep(uint64_t step);
+  // The newest committed step <= limit: the requested step itself when it is
+  // still in memory, else an older committed one. kNotFound when every
+  // committed slot holds a newer step (the request was overwritten).
+  absl::StatusOr<PinnedSlot> PinNewestAtMost(uint64_t limit);
 
   std::vector<SlotInfo> Inspect() const;
 

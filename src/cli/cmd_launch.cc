@@ -21,6 +21,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/http_flags.h"
+#include "cli/tls_flags.h"
 #include "common/chaos.h"
 #include "common/net.h"
 #include "common/subprocess.h"
@@ -59,6 +60,7 @@ struct LaunchFlags {
   std::string role;
   double hang_timeout_s = 0;
   int ckpt_replicas = 1;
+  TlsFlags tls;
   std::vector<std::string> script_and_args;
 };
 
@@ -67,6 +69,12 @@ std::vector<std::string> AgentArgv(const LaunchFlags& f, const std::string& endp
   std::vector<std::string> argv = {SelfExePath(), "run", "--rdzv-endpoint", endpoint, "--nnodes", f.nodes,
                                    "--nproc-per-node", std::to_string(f.nproc_per_node),
                                    "--node-rank", std::to_string(node_rank), "--python", f.python};
+  // TLS: the agents verify the master with its CA (or its own certificate,
+  // when self-signed) and present the same certificate for mutual TLS.
+  if (const TlsFiles tls = f.tls.Get(); tls.on()) {
+    argv.insert(argv.end(), {"--tls-ca", tls.ca.empty() ? tls.cert : tls.ca});
+    if (!tls.cert.empty()) argv.insert(argv.end(), {"--tls-cert", tls.cert, "--tls-key", tls.key});
+  }
   if (f.module) argv.push_back("--module");
   if (f.no_python) argv.push_back("--no-python");
   if (f.network_check) argv.push_back("--network-check");
@@ -107,6 +115,7 @@ int LaunchCommand(const Args& args) {
                  absl::StrCat("Fault injection (BALLAST_CHAOS; faults hit the first agent of a node rank unless they name an incarnation): ",
                               ChaosKindsHelp()));
   app.add_option("--token", f.token, "Job token (default: $BALLAST_TOKEN, else random)");
+  f.tls.Add(app, /*server=*/true);
   app.add_option("--python", f.python, "Interpreter for the workers")->capture_default_str();
   app.add_flag("-m,--module", f.module, "Run the script as a Python module (python -m)");
   app.add_flag("--no-python,--no_python", f.no_python, "Run the script as a program, not with Python");
@@ -154,6 +163,7 @@ int LaunchCommand(const Args& args) {
   mopts.advertise_host = "127.0.0.1";
   mopts.port = f.port;
   f.http.Apply(&mopts);
+  mopts.tls = f.tls.Get();
   mopts.token = TokenFromFlagOrEnv(f.token);
   if (mopts.token.empty()) mopts.token = RandomHex(16);
   mopts.min_nodes = range->min;

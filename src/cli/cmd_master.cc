@@ -12,6 +12,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/http_flags.h"
+#include "cli/tls_flags.h"
 #include "common/net.h"
 #include "common/tunables.h"
 #include "master/master_server.h"
@@ -51,6 +52,11 @@ int MasterCommand(const Args& args) {
   app.add_option("--advertise-host", opts.advertise_host, "Host name agents use to reach this master");
   app.add_option("--token", token, "Job token agents must present (default: $BALLAST_TOKEN, else random)");
   app.add_option("--job-id,--rdzv-id,--rdzv_id", opts.job_id, "Job id (TORCHELASTIC_RUN_ID); default random");
+  TlsFlags tls;
+  tls.Add(app, /*server=*/true);
+  app.add_option("--journal", opts.journal_dir,
+                 "Directory for the master's journal: a master restarted with the same --journal resumes the job "
+                 "and its agents keep training (default: none)");
   app.add_option("--last-call", opts.last_call_s, "Seconds after the last join before a round at >= MIN completes");
   app.add_option("--heartbeat-timeout", opts.heartbeat_timeout_s, "Seconds of agent silence before its node is dead");
   app.add_option("--wait-for-nodes", opts.wait_for_nodes_s, "Seconds a job below MIN nodes waits before failing");
@@ -63,9 +69,9 @@ int MasterCommand(const Args& args) {
   if (!k8s.job_name.empty()) {
     // The job's spec holds the settings: flags that would contradict it are refused.
     if (app.count("--nnodes") > 0 || app.count("--node-unit") > 0 || app.count("--max-restarts") > 0 ||
-        opts.precheck || opts.exclude_stragglers) {
+        opts.precheck || opts.exclude_stragglers || !opts.journal_dir.empty() || tls.files.on()) {
       std::fprintf(stderr, "ballast master: with --kubernetes-job the ElasticJob's spec sets nodes, node unit, max "
-                           "restarts and the network check; drop those flags\n");
+                           "restarts and the network check, and --journal and --tls-* are not supported there yet; drop those flags\n");
       return kUsageExit;
     }
     k8s.bind_host = opts.bind_host;
@@ -96,6 +102,7 @@ int MasterCommand(const Args& args) {
   opts.token = TokenFromFlagOrEnv(token);
   if (opts.token.empty()) opts.token = RandomHex(16);
   http.Apply(&opts);
+  opts.tls = tls.Get();
 
   auto server = master::MasterServer::Start(opts);
   if (!server.ok()) {

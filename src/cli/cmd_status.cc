@@ -15,6 +15,8 @@
 #include "ballast/v1/master.grpc.pb.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/tls_flags.h"
+#include "common/tls.h"
 #include "common/grpc_util.h"
 #include "common/net.h"
 #include "master/goodput.h"
@@ -138,13 +140,20 @@ int StatusCommand(const Args& args) {
   app.add_option("--token", token, "The job token (default: $BALLAST_TOKEN)");
   app.add_flag("--json", json, "Print the status as JSON");
   app.add_option("--timeout", timeout_s, "Seconds to wait for the master")->capture_default_str();
+  TlsFlags tls;
+  tls.Add(app, /*server=*/false);
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+  auto credentials = MasterChannelCredentials(tls.Get());
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "ballast status: %s\n", std::string(credentials.status().message()).c_str());
+    return kUsageExit;
+  }
   auto ep = ParseEndpoint(master_addr);
   if (!ep.ok()) {
     std::fprintf(stderr, "ballast status: %s\n", std::string(ep.status().message()).c_str());
     return kUsageExit;
   }
-  auto channel = grpc::CreateChannel(ep->ToString(), grpc::InsecureChannelCredentials());
+  auto channel = MasterChannel(ep->ToString(), *credentials);
   auto stub = v1::Master::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.AddMetadata(kTokenMetadataKey, TokenFromFlagOrEnv(token));
@@ -159,8 +168,8 @@ int StatusCommand(const Args& args) {
                    ep->ToString().c_str());
     } else if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                st.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      std::fprintf(stderr, "ballast status: no ballast master answered at %s within %.0f s: check the address and that the job is running\n",
-                   ep->ToString().c_str(), timeout_s);
+      std::fprintf(stderr, "ballast status: no ballast master answered at %s within %.0f s: check the address and that the job is running%s\n",
+                   ep->ToString().c_str(), timeout_s, TlsHint(st.error_message()).c_str());
     } else {
       std::fprintf(stderr, "ballast status: %s\n", st.error_message().c_str());
     }

@@ -24,7 +24,7 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
 }
 
 // The token a client sent, or "" when none.
-inline std::string TokenFromContext(const grpc::ServerContext& ctx) {
+inline std::string TokenFromContext(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find(kTokenMetadataKey);
   if (it == md.end()) return "";

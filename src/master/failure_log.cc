@@ -29,13 +29,32 @@ void FailureLog::Add(v1::FailureRecord r) {
   }
 }
 
-void FailureLog::Resumed(int64_t round, double first_at_s, int64_t first_step, int64_t high_water) {
+void FailureLog::Resumed(int64_t round, double first_at_s, int64_t first_step, int64_t high_water,
+                         std::vector<v1::FailureRecord>* completed) {
   while (open_from_ < records_.size() && records_[open_from_].round() < round) {
     v1::FailureRecord& r = records_[open_from_++];
     r.set_resumed(true);
     r.set_resume_s(std::max(0.0, first_at_s - r.at_s()));
     r.set_steps_lost(std::max<int64_t>(0, high_water - first_step + 1));
     recovery_.Observe(r.resume_s());
+    if (completed != nullptr) completed->push_back(r);
+  }
+}
+
+void FailureLog::Restore(const google::protobuf::RepeatedPtrField<v1::FailureRecord>& records, int total) {
+  records_.assign(records.begin(), records.end());
+  total_ = std::max(total, static_cast<int>(records_.size()));
+  recovered_by_kind_.clear();
+  recovery_ = Histogram(recovery_.bounds);
+  open_from_ = records_.size();
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const v1::FailureRecord& r = records_[i];
+    if (r.action() != "job failed") ++recovered_by_kind_[r.kind().empty() ? std::string("unknown") : r.kind()];
+    if (r.resumed()) {
+      recovery_.Observe(r.resume_s());
+    } else if (open_from_ == records_.size()) {
+      open_from_ = i;
+    }
   }
 }
 

@@ -39,8 +39,13 @@ class FailureLog {
   void Add(v1::FailureRecord r);
   // Round `round` made its first step `first_step` `first_at_s` seconds after
   // the job's start; `high_water` was the highest step reached before. Completes
-  // the open records of earlier rounds.
-  void Resumed(int64_t round, double first_at_s, int64_t first_step, int64_t high_water);
+  // the open records of earlier rounds (copied to *completed when given).
+  void Resumed(int64_t round, double first_at_s, int64_t first_step, int64_t high_water,
+               std::vector<v1::FailureRecord>* completed = nullptr);
+
+  // Back from the master's journal: the newest records and the total; the
+  // recovery histogram and counts by kind are rebuilt from the records.
+  void Restore(const google::protobuf::RepeatedPtrField<v1::FailureRecord>& records, int total);
 
   const std::deque<v1::FailureRecord>& records() const { return records_; }
   int total() const { return total_; }

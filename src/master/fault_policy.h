@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "ballast/v1/master.pb.h"
 
@@ -45,6 +46,13 @@ class FaultPolicy {
                            int restarts_used);
 
   int max_restarts() const { return max_restarts_; }
+  // Its state, for the master's journal, and back from it.
+  int64_t decided_round() const { return decided_round_; }
+  const std::map<std::string, int>& restarts_by_kind() const { return restarts_by_kind_; }
+  void Restore(int64_t decided_round, std::map<std::string, int> restarts_by_kind) {
+    decided_round_ = decided_round;
+    restarts_by_kind_ = std::move(restarts_by_kind);
+  }
 
   // "exit code 1" or "killed by SIGKILL"; the agent's own classification
   // instead when it says more (e.g. "out of GPU memory (exit code 1): ..."),

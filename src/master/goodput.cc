@@ -142,6 +142,19 @@ void GoodputAccountant::Finished(double now) {
   Enter(now, Phase::kDone);
 }
 
+void GoodputAccountant::Resume(double start, double mark, const Breakdown& b, bool running, bool training,
+                               double round_stall_s) {
+  start_ = start;
+  totals_ = b;
+  totals_.wall_s = 0;  // Get() and Finished() set it
+  started_once_ = running || b.high_water_step > 0;
+  starting_part_ = b.steps_seen ? kRestart : kStartup;
+  Enter(mark, !running ? Phase::kRendezvous : training ? Phase::kTraining : Phase::kStarting);
+  last_step_ = b.high_water_step;
+  last_advance_ = mark;
+  round_stall_ = training ? round_stall_s : 0;
+}
+
 GoodputAccountant::Breakdown GoodputAccountant::Get(double now) const {
   Breakdown b = totals_;
   if (phase_ == Phase::kDone) return b;

@@ -82,6 +82,15 @@ class GoodputAccountant {
   };
   Breakdown Get(double now) const;
   int64_t high_water_step() const { return totals_.high_water_step; }
+  // The checkpoint stall the running round's slowest worker reported so far.
+  double round_stall_s() const { return round_stall_; }
+  bool training() const { return phase_ == Phase::kTraining; }
+  // Carries on from a breakdown a restarted master read from its journal:
+  // `b` as of `mark`, the job's start at `start` (this clock's times). When a
+  // round was training the time since the mark is attributed at the next
+  // advance of the world's step like any step interval; when one was starting
+  // it goes on starting; else the job waits for nodes.
+  void Resume(double start, double mark, const Breakdown& b, bool running, bool training, double round_stall_s);
 
  private:
   enum class Phase { kRendezvous, kPrecheck, kStarting, kTraining, kDone };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 #include "common/replica_record.h"
 #include "master/straggler.h"
 #include "spdlog/spdlog.h"
@@ -125,7 +126,8 @@ JobMaster::JobMaster(JobMasterOptions options)
     : options_(std::move(options)),
       spec_(MakeSpec(options_)),
       clock_(options_.clock),
-      start_time_(clock_->Now()),
+      start_time_(StartTime(options_)),
+      journal_(options_.journal),
       goodput_(start_time_),
       events_(clock_, start_time_),
       rdzv_(MakeRendezvousConfig(options_)),
@@ -135,6 +137,18 @@ JobMaster::JobMaster(JobMasterOptions options)
   precheck_.enabled = options_.precheck;
   precheck_.exclude_stragglers = options_.exclude_stragglers;
   precheck_.coordinator = PrecheckCoordinator(options_.precheck_options);
+  if (journal_ == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  if (journal_->recovered()) {
+    Restore(journal_->state());
+    return;
+  }
+  v1::JournalRecord r;
+  v1::JournalJob* job = r.mutable_job();
+  job->set_job_id(options_.job_id);
+  *job->mutable_spec() = spec_;
+  job->set_start_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  Record(std::move(r), /*sync=*/true);
 }
 
 JobMaster::~JobMaster() { Shutdown(); }
@@ -166,6 +180,12 @@ absl::Status JobMaster::CheckSpec(const v1::JobSpec& given) const {
                                  given.max_restarts(), " but the job master runs --max-restarts ",
                                  spec_.max_restarts(),
                                  "; start the agent with the same --max-restarts or without it"));
+  }
+  if (given.has_last_call_s() && given.last_call_s() != spec_.last_call_s()) {
+    diffs.push_back(absl::StrCat("this agent was started with --rdzv-conf last_call_timeout=", given.last_call_s(),
+                                 " but the job master waits ", spec_.last_call_s(),
+                                 " s after the last join (its --last-call); start the agent with the same value or "
+                                 "without it"));
   }
   if (!given.run_id().empty() && given.run_id() != spec_.run_id()) {
     diffs.push_back(absl::StrCat("this agent was started with --rdzv-id ", given.run_id(),
@@ -211,10 +231,26 @@ void JobMaster::Push(const std::string& node_id, v1::Decision d) {
   if (!d.has_stop_workers()) ob.current = d;
   // Without an open stream there is nothing to queue: OpenWatch starts the
   // next stream from `current`.
-  if (ob.watcher_active) {
-    ob.queue.push_back(std::move(d));
-    ob.cv.SignalAll();
+  if (!ob.watcher_active) return;
+  if (ob.sink != nullptr) {
+    ob.sink->Deliver(d);  // queues an asynchronous write: no I/O under the lock
+    return;
   }
+  ob.queue.push_back(std::move(d));
+  ob.cv.SignalAll();
+}
+
+void JobMaster::EndStream(Outbox* ob, const absl::Status& status) {
+  if (ob->sink != nullptr) {
+    ob->sink->End(status);
+    ob->sink.reset();
+  }
+  ob->cv.SignalAll();
+}
+
+absl::Status JobMaster::GoneStatus(const std::string& node_id, const Outbox& ob) {
+  return absl::NotFoundError(
+      absl::StrCat("node ", node_id, " is no longer part of the job (", ob.closed_reason, "): join again"));
 }
 
 void JobMaster::PushWait(const std::string& node_id, const std::string& reason) {
@@ -270,28 +306,9 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
       rec->group_rank = m.group_rank;
     }
   }
-  for (const auto& m : world.members) {
-    v1::Decision d;
-    v1::StartRound* s = d.mutable_start_round();
-    s->set_round(round_);
-    s->set_group_rank(m.group_rank);
-    s->set_group_world_size(world.num_nodes());
-    s->set_rank_offset(m.rank_offset);
-    s->set_world_size(world.world_size);
-    s->set_restart_count(restart_count_);
-    s->set_max_restarts(options_.max_restarts);
-    s->set_run_id(options_.job_id);
-    for (const auto& other : world.members) {
-      if (!options_.send_round_members) break;
-      v1::RoundMember* rm = s->add_members();
-      rm->set_node_id(other.node_id);
-      rm->set_group_rank(other.group_rank);
-      rm->set_local_world_size(other.local_world_size);
-      rm->set_rank_offset(other.rank_offset);
-      rm->set_host(other.host);
-    }
-    Push(m.node_id, std::move(d));
-  }
+  // On disk before any agent hears of it: a restarted master resumes this round.
+  RecordRound();
+  for (const auto& m : world.members) Push(m.node_id, MakeStartRound(m, world));
   for (const auto& id : world.surplus) {
     if (Admissible(id)) {
       PushWait(id, SurplusReason());
@@ -299,6 +316,41 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
       PushWait(id, kAwaitingCheckReason);
     }
   }
+}
+
+v1::Decision JobMaster::MakeStartRound(const MemberAssignment& m, const World& world) const {
+  v1::Decision d;
+  v1::StartRound* s = d.mutable_start_round();
+  s->set_round(round_);
+  s->set_group_rank(m.group_rank);
+  s->set_group_world_size(world.num_nodes());
+  s->set_rank_offset(m.rank_offset);
+  s->set_world_size(world.world_size);
+  s->set_restart_count(restart_count_);
+  s->set_max_restarts(options_.max_restarts);
+  s->set_run_id(options_.job_id);
+  if (!options_.send_round_members) return d;
+  auto add = [&](const MemberAssignment& other) {
+    v1::RoundMember* rm = s->add_members();
+    rm->set_node_id(other.node_id);
+    rm->set_group_rank(other.group_rank);
+    rm->set_local_world_size(other.local_world_size);
+    rm->set_rank_offset(other.rank_offset);
+    rm->set_host(other.host);
+  };
+  const int n = world.num_nodes();
+  if (m.group_rank == 0 || n <= kFullMemberListNodes) {
+    for (const auto& other : world.members) add(other);
+    return d;
+  }
+  // Group rank 0 and the next kRingNeighbors by group rank (members are in
+  // group-rank order): what the agent needs besides its own assignment.
+  add(world.members[0]);
+  for (int k = 1; k <= std::min(kRingNeighbors, n - 1); ++k) {
+    const MemberAssignment& other = world.members[(m.group_rank + k) % n];
+    if (other.group_rank != 0) add(other);
+  }
+  return d;
 }
 
 void JobMaster::Evaluate(double now) {
@@ -343,14 +395,8 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
                                     " left, the job needs ", options_.min_nodes);
   spdlog::warn("job={} round={} {}; stopping workers and waiting up to {} s for nodes",
                options_.job_id, round_, reason, options_.wait_for_nodes_s);
-  for (const auto& m : world_.members) {
-    if (!nodes_.IsAlive(m.node_id)) continue;
-    v1::Decision d;
-    d.mutable_stop_workers()->set_round(round_);
-    d.mutable_stop_workers()->set_reason(reason);
-    Push(m.node_id, std::move(d));
-  }
   FlushProgress(now);
+  const World stopped = std::move(world_);
   state_ = JobState::kRendezvous;
   goodput_.Rendezvous(now);
   events_.Append("rendezvous", round_, "", reason);
@@ -359,6 +405,14 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
   world_ = World{};
   done_.clear();
   message_ = reason;
+  RecordRound();  // before any agent stops its workers
+  for (const auto& m : stopped.members) {
+    if (!nodes_.IsAlive(m.node_id)) continue;
+    v1::Decision d;
+    d.mutable_stop_workers()->set_round(round_);
+    d.mutable_stop_workers()->set_reason(reason);
+    Push(m.node_id, std::move(d));
+  }
   for (auto& [id, rec] : nodes_.mutable_alive()) {
     rec.state = NodeState::kWaiting;
     rec.group_rank = -1;
@@ -390,10 +444,15 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     }
     nodes_.Remove(id, how, reason);
     rdzv_.Remove(id);
+    v1::JournalRecord gone_record;
+    gone_record.mutable_node_gone()->set_node_id(id);
+    gone_record.mutable_node_gone()->set_state(std::string(NodeStateName(how)));
+    gone_record.mutable_node_gone()->set_reason(reason);
+    Record(std::move(gone_record), /*sync=*/false);  // the round record that follows syncs it
     if (auto it = outboxes_.find(id); it != outboxes_.end()) {
       it->second->closed = true;
       it->second->closed_reason = reason;
-      it->second->cv.SignalAll();
+      EndStream(it->second.get(), GoneStatus(id, *it->second));
       outboxes_.erase(it);
     }
     spdlog::warn("job={} node={} round={} lost: {}{}", options_.job_id, id, round_, reason,
@@ -413,7 +472,7 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     r.set_round(round_);
     r.set_at_s(now - start_time_);
     r.set_action(world.has_value() ? "scale down" : "wait for nodes");
-    failures_.Add(std::move(r));
+    AddFailure(std::move(r));
   }
   std::string context =
       gone.size() == 1
@@ -445,6 +504,7 @@ void JobMaster::Finish(bool succeeded, const std::string& message) {
   message_ = message;
   outcome_ = JobOutcome{succeeded, message, restart_count_};
   events_.Append("finished", round_, "", message);
+  RecordRound();
   if (succeeded) {
     spdlog::info("job={} round={} {}", options_.job_id, round_, message);
   } else {
@@ -479,6 +539,10 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     spdlog::warn("job={} join refused: no node_id", options_.job_id);
     return absl::InvalidArgumentError("join without a node_id: the agent must send its node id");
   }
+  if (n.node_id().size() > kMaxNameBytes || n.host().size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("join with a node id of ", n.node_id().size(), " bytes and a host of ",
+                                                   n.host().size(), " bytes: each must be at most ", kMaxNameBytes));
+  }
   if (n.local_world_size() < 1) {
     spdlog::warn("job={} node={} join refused: local_world_size {}", options_.job_id,
                  n.node_id(), n.local_world_size());
@@ -492,6 +556,9 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     return s;
   }
   absl::MutexLock lock(&mu_);
+  // A known node re-joining a finished job (its master restarted after the
+  // end) is let in to fetch its JobFinished.
+  if (finished() && nodes_.IsAlive(n.node_id()) && outboxes_.count(n.node_id()) > 0) return JoinAnswer();
   if (finished()) {
     spdlog::warn("job={} node={} join refused: job already finished", options_.job_id,
                  n.node_id());
@@ -529,6 +596,7 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
   bool added = false;
   nodes_.Upsert(spec, n.pid(), &added);
   rdzv_.Join(spec, now);
+  RecordNodeUp(spec, n.pid());
   if (!added) {
     // A reconnecting agent: it keeps its place (and its round, if it has one);
     // its next Watch delivers its current decision.
@@ -556,6 +624,10 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     }
     Evaluate(now);
   }
+  return JoinAnswer();
+}
+
+v1::JoinResponse JobMaster::JoinAnswer() const {
   v1::JoinResponse resp;
   *resp.mutable_spec() = spec_;
   resp.set_heartbeat_interval_s(options_.heartbeat_interval_s);
@@ -571,6 +643,7 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
     if (!nodes_.IsAlive(request.node_id())) return absl::OkStatus();  // idempotent
     std::string reason =
         request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason());
+    TruncateFront(&reason);
     LoseNodes({request.node_id()}, NodeState::kLeft, reason, clock_->Now(), &lost);
   }
   NotifyLost(lost);
@@ -587,7 +660,12 @@ absl::Status JobMaster::Heartbeat(const v1::HeartbeatRequest& request) {
   return s;
 }
 
-absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
+absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
+  v1::FailureReport report = received;
+  // Oversized text is cut (its end kept), not refused: the failure matters.
+  TruncateFront(report.mutable_stderr_tail());
+  TruncateFront(report.mutable_cause());
+  TruncateFront(report.mutable_hang_top_frame());
   absl::MutexLock lock(&mu_);
   const NodeRecord* rec = nodes_.Find(report.node_id());
   if (rec == nullptr) {
@@ -617,7 +695,8 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
   // With one node in the round no other node's loss can be behind the
   // failure: decide at once.
   const double settle_s = SettleSeconds(report);
-  if (settle_s > 0 || DisconnectedMember(report.node_id()).has_value()) {
+  if ((settle_s > 0 || DisconnectedMember(report.node_id()).has_value()) &&
+      pending_failures_.size() < kMaxHeldFailures) {
     spdlog::info("job={} node={} round={} failure report held for {:.2f} s{}: {}", options_.job_id,
                  report.node_id(), report.round(), settle_s,
                  DisconnectedMember(report.node_id()).has_value()
@@ -625,6 +704,11 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& report) {
                      : "",
                  FaultPolicy::DescribeWorker(report, host));
     pending_failures_.push_back({report, host, clock_->Now()});
+    // Held, not decided: a restarted master must still decide it.
+    v1::JournalRecord held;
+    *held.mutable_failure_held()->mutable_report() = report;
+    held.mutable_failure_held()->set_host(host);
+    Record(std::move(held), /*sync=*/true);
     return absl::OkStatus();
   }
   HandleFailure(report, host, DetectionSeconds(report, 0));
@@ -753,7 +837,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
                  absl::StrCat("rank ", report.global_rank(), ": ", last_failure_.cause()));
   if (verdict.action == FailureAction::kFailJob) {
     rec.set_action("job failed");
-    failures_.Add(std::move(rec));
+    AddFailure(std::move(rec));
     Finish(false, verdict.message);
     return;
   }
@@ -772,7 +856,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
     world = rdzv_.FormFrom(members);
   }
   rec.set_action(world.has_value() ? "restart" : "wait for nodes");
-  failures_.Add(std::move(rec));
+  AddFailure(std::move(rec));
   if (world.has_value()) {
     StartRound(*world, /*is_restart=*/true, verdict.message);
   } else {
@@ -808,6 +892,10 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
   }
   done_.insert(request.node_id());
   rec->state = NodeState::kDone;
+  v1::JournalRecord done;
+  done.mutable_node_done()->set_node_id(request.node_id());
+  done.mutable_node_done()->set_round(round_);
+  Record(std::move(done), /*sync=*/true);
   spdlog::info("job={} node={} round={} workers done ({} of {} nodes)", options_.job_id,
                request.node_id(), round_, done_.size(), world_.num_nodes());
   MaybeSucceed();
@@ -893,49 +981,136 @@ absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
                                                    " is outside world size ", report.world_size()));
   }
   absl::MutexLock lock(&mu_);
-  CkptDir& d = ckpt_dirs_[report.dir()];
+  const CkptCommitTracker::Result r = ckpt_.Report(report.dir(), report.step(), report.rank(), report.world_size());
   v1::ShardDurableResponse response;
-  // A step at or below the committed one is already complete (a late or
-  // repeated report, e.g. a breakpoint save racing the persister): nothing to do.
-  if (report.step() <= d.committed) {
-    response.set_committed_step(d.committed);
-    return response;
+  response.set_commit(r.commit);
+  response.set_committed_step(r.committed_step);
+  if (r.world_changed) {
+    spdlog::warn("job={} checkpoint step {} in {}: world size changed to {}; recounting shards", options_.job_id,
+                 report.step(), report.dir(), report.world_size());
   }
-  CkptDir::Step& step = d.pending[report.step()];
-  if (step.world_size != report.world_size()) {
-    // A different world wrote this step number (the job scaled and restarted
-    // from an older step): only the newest world's shards count.
-    if (step.world_size != 0) {
-      spdlog::warn("job={} checkpoint step {} in {}: world size changed {} -> {}; recounting shards",
-                   options_.job_id, report.step(), report.dir(), step.world_size, report.world_size());
-    }
-    step.world_size = report.world_size();
-    step.ranks.clear();
-  }
-  step.ranks.insert(report.rank());
-  spdlog::debug("job={} node={} rank={} round={} checkpoint step {} durable ({}/{} ranks)", options_.job_id,
-                report.node_id(), report.rank(), report.round(), report.step(), step.ranks.size(),
-                step.world_size);
-  if (static_cast<int>(step.ranks.size()) == step.world_size) {
+  if (report.step() <= r.committed_step && !r.commit) return response;  // already complete: nothing new
+  // A commit is on disk before its reporter writes `latest`.
+  v1::JournalRecord shard;
+  *shard.mutable_shard() = report;
+  Record(std::move(shard), /*sync=*/r.commit);
+  if (r.commit) {
     spdlog::info("job={} checkpoint step {} durable on all {} ranks in {}; node={} rank={} commits it",
-                 options_.job_id, report.step(), step.world_size, report.dir(), report.node_id(), report.rank());
-    d.committed = report.step();
-    d.pending.erase(d.pending.begin(), d.pending.upper_bound(d.committed));
-    response.set_commit(true);
+                 options_.job_id, report.step(), report.world_size(), report.dir(), report.node_id(), report.rank());
   } else {
-    while (d.pending.size() > kMaxPendingCkptSteps) d.pending.erase(d.pending.begin());
+    spdlog::debug("job={} node={} rank={} round={} checkpoint step {} durable", options_.job_id, report.node_id(),
+                  report.rank(), report.round(), report.step());
   }
-  response.set_committed_step(d.committed);
   return response;
 }
 
 absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
   if (key.empty()) return absl::InvalidArgumentError("KvSet needs a non-empty key");
-  absl::MutexLock lock(&mu_);
-  spdlog::debug("job={} kv set {} ({} bytes)", options_.job_id, key, value.size());
-  kv_[key] = std::move(value);
-  kv_cv_.SignalAll();
+  if (key.size() > kMaxKvKeyBytes || value.size() > kMaxKvValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("KvSet of a ", key.size(), "-byte key and a ", value.size(),
+                                                   "-byte value: keys are at most ", kMaxKvKeyBytes,
+                                                   " bytes, values at most ", kMaxKvValueBytes));
+  }
+  KvDone done;
+  {
+    absl::MutexLock lock(&mu_);
+    spdlog::debug("job={} kv set {} ({} bytes)", options_.job_id, key, value.size());
+    v1::JournalRecord r;
+    r.mutable_kv()->set_key(key);
+    r.mutable_kv()->set_value(value);
+    // A round's endpoint is read by the other agents right after: keep it.
+    if (kv_.size() >= kMaxKvKeys && kv_.count(key) == 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("the master's KV store holds ", kv_.size(),
+                                                       " keys, its limit: KvSet of a new key refused"));
+    }
+    Record(std::move(r), /*sync=*/absl::StartsWith(key, "round/"));
+    kv_[key] = std::move(value);
+    kv_cv_.SignalAll();
+    TakeKvWaiters(key, /*expired_only=*/false, &done);
+  }
+  RunKvDone(&done);
   return absl::OkStatus();
+}
+
+void JobMaster::TakeKvWaiters(const std::string& key, bool expired_only, KvDone* out) {
+  std::vector<uint64_t> ids;
+  if (expired_only) {
+    const absl::Time now = absl::Now();
+    for (auto it = kv_deadlines_.begin(); it != kv_deadlines_.end() && it->first <= now; ++it) ids.push_back(it->second);
+  } else if (key.empty()) {
+    for (const auto& [id, w] : kv_waiters_) ids.push_back(id);
+  } else {
+    for (auto [it, end] = kv_waiting_.equal_range(key); it != end; ++it) ids.push_back(it->second);
+  }
+  for (uint64_t id : ids) {
+    auto it = kv_waiters_.find(id);
+    if (it == kv_waiters_.end()) continue;
+    KvWaiter w = std::move(it->second);
+    kv_waiters_.erase(it);
+    kv_deadlines_.erase({w.deadline, id});
+    for (auto [k, end] = kv_waiting_.equal_range(w.key); k != end; ++k) {
+      if (k->second == id) {
+        kv_waiting_.erase(k);
+        break;
+      }
+    }
+    absl::StatusOr<std::string> answer;
+    if (auto v = kv_.find(w.key); v != kv_.end()) {
+      answer = v->second;
+    } else if (shutdown_) {
+      answer = absl::UnavailableError("the job master is shutting down");
+    } else {
+      answer = absl::DeadlineExceededError(absl::StrCat("key ", w.key, " is not set after waiting"));
+    }
+    out->emplace_back(std::move(w.done), std::move(answer));
+  }
+}
+
+void JobMaster::RunKvDone(KvDone* done) {
+  for (auto& [fn, answer] : *done) fn(std::move(answer));
+  done->clear();
+}
+
+uint64_t JobMaster::KvGetAsync(const std::string& key, double wait_s, KvCallback done) {
+  absl::StatusOr<std::string> now_answer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = kv_.find(key); it != kv_.end()) {
+      now_answer = it->second;
+    } else if (shutdown_) {
+      now_answer = absl::UnavailableError("the job master is shutting down");
+    } else if (wait_s <= 0) {
+      now_answer = absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
+    } else {
+      const uint64_t id = next_kv_waiter_++;
+      const absl::Time deadline = absl::Now() + absl::Seconds(wait_s);
+      kv_waiters_[id] = KvWaiter{key, deadline, std::move(done)};
+      kv_waiting_.emplace(key, id);
+      kv_deadlines_.emplace(deadline, id);
+      return id;
+    }
+  }
+  done(std::move(now_answer));
+  return 0;
+}
+
+void JobMaster::CancelKvWait(uint64_t id) {
+  KvCallback done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = kv_waiters_.find(id);
+    if (it == kv_waiters_.end()) return;
+    done = std::move(it->second.done);
+    kv_deadlines_.erase({it->second.deadline, id});
+    for (auto [k, end] = kv_waiting_.equal_range(it->second.key); k != end; ++k) {
+      if (k->second == id) {
+        kv_waiting_.erase(k);
+        break;
+      }
+    }
+    kv_waiters_.erase(it);
+  }
+  done(absl::CancelledError("KvGet cancelled"));
 }
 
 absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait_s,
@@ -980,7 +1155,7 @@ v1::JobStatus JobMaster::Status() const {
                                                    : std::string(NodeStateName(rec.state)));
     ns->set_group_rank(rec.group_rank);
     ns->set_local_world_size(rec.spec.local_world_size);
-    ns->set_last_heartbeat_age_s(now - rec.last_heartbeat);
+    ns->set_last_heartbeat_age_s(std::max(0.0, now - rec.last_heartbeat));  // restored nodes: ahead
     ns->set_last_step(rec.last_step);
     if (auto it = step_times.find(rec.spec.node_id); it != step_times.end()) ns->set_step_time_s(it->second);
     ns->set_straggler(stragglers.count(rec.spec.node_id) > 0);
@@ -1052,7 +1227,15 @@ void JobMaster::WorldProgress(double now) const {
   }
   if (w.step < 0) return;
   if (!first_known) w.first_step = -1;
-  if (first_known) failures_.Resumed(round_, w.first_at - start_time_, w.first_step, goodput_.high_water_step());
+  if (first_known) {
+    std::vector<v1::FailureRecord> completed;
+    failures_.Resumed(round_, w.first_at - start_time_, w.first_step, goodput_.high_water_step(), &completed);
+    for (auto& rec : completed) {
+      v1::JournalRecord r;
+      *r.mutable_failure() = std::move(rec);
+      Record(std::move(r), /*sync=*/false);
+    }
+  }
   goodput_.Progress(now, w);
   step_history_.Add(now - start_time_, goodput_.high_water_step());
 }
@@ -1108,13 +1291,40 @@ absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& n
   }
   Outbox& ob = *it->second;
   bool replaced = ob.watcher_active;
+  if (ob.sink != nullptr) EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id)));
   ++ob.generation;
   ob.watcher_active = true;
   ob.disconnected_since.reset();
+  ob.awaiting_reconnect = false;
   ob.final_sent = false;
   ob.queue.clear();
   if (ob.current.has_value()) ob.queue.push_back(*ob.current);
   ob.cv.SignalAll();  // an older stream sees the new generation and ends
+  spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
+               replaced ? " (replaces the older stream)" : "");
+  return WatchHandle{node_id, it->second, ob.generation};
+}
+
+absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& node_id,
+                                                            std::shared_ptr<DecisionSink> sink) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("the job master is shutting down");
+  auto it = outboxes_.find(node_id);
+  if (it == outboxes_.end() || !nodes_.IsAlive(node_id)) {
+    spdlog::warn("job={} node={} watch refused: unknown node", options_.job_id, node_id);
+    return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
+  }
+  Outbox& ob = *it->second;
+  const bool replaced = ob.watcher_active;
+  EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id)));
+  ++ob.generation;
+  ob.watcher_active = true;
+  ob.disconnected_since.reset();
+  ob.awaiting_reconnect = false;
+  ob.final_sent = false;
+  ob.queue.clear();
+  ob.sink = std::move(sink);
+  if (ob.current.has_value()) ob.sink->Deliver(*ob.current);
   spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
                replaced ? " (replaces the older stream)" : "");
   return WatchHandle{node_id, it->second, ob.generation};
@@ -1131,11 +1341,7 @@ absl::StatusOr<std::optional<v1::Decision>> JobMaster::NextDecision(const WatchH
       return absl::CancelledError(
           absl::StrCat("replaced by a newer Watch for node ", handle.node_id));
     }
-    if (ob.closed) {
-      return absl::NotFoundError(absl::StrCat("node ", handle.node_id,
-                                              " is no longer part of the job (", ob.closed_reason,
-                                              "): join again"));
-    }
+    if (ob.closed) return GoneStatus(handle.node_id, ob);
     if (!ob.queue.empty()) {
       v1::Decision d = std::move(ob.queue.front());
       ob.queue.pop_front();
@@ -1158,13 +1364,15 @@ void JobMaster::CloseWatch(const WatchHandle& handle) {
   if (ob.generation != handle.generation) return;
   ob.watcher_active = false;
   ob.queue.clear();
+  ob.sink.reset();
   if (!ob.closed) ob.disconnected_since = clock_->Now();
 }
 
 bool JobMaster::AllFinalDecisionsSent() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, ob] : outboxes_) {
-    if (ob->watcher_active && !ob->final_sent) return false;
+    // (A node restored from the journal counts until its agent reconnected.)
+    if ((ob->watcher_active || ob->awaiting_reconnect) && !ob->final_sent) return false;
   }
   return true;
 }
@@ -1174,6 +1382,12 @@ bool JobMaster::AllFinalDecisionsSent() const {
 
 void JobMaster::Tick() {
   LostList lost;
+  KvDone expired;
+  {
+    absl::MutexLock lock(&mu_);
+    TakeKvWaiters("", /*expired_only=*/true, &expired);
+  }
+  RunKvDone(&expired);
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_ || finished()) return;
@@ -1200,6 +1414,7 @@ void JobMaster::Tick() {
     }
     DecidePendingFailures(now);
     Evaluate(now);
+    MaybeRecordGoodput(now);
   }
   NotifyLost(lost);
 }
@@ -1220,13 +1435,18 @@ std::optional<JobOutcome> JobMaster::WaitForFinish(double timeout_s) {
 }
 
 void JobMaster::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return;
-  shutdown_ = true;
-  events_.Close();
-  for (auto& [id, ob] : outboxes_) ob->cv.SignalAll();
-  kv_cv_.SignalAll();
-  finished_cv_.SignalAll();
+  KvDone done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    events_.Close();
+    for (auto& [id, ob] : outboxes_) EndStream(ob.get(), absl::UnavailableError("the job master is shutting down"));
+    kv_cv_.SignalAll();
+    finished_cv_.SignalAll();
+    TakeKvWaiters("", /*expired_only=*/false, &done);
+  }
+  RunKvDone(&done);
 }
 
 }  // namespace ballast::master

@@ -45,12 +45,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ballast/v1/master.pb.h"
+#include "master/ckpt_commit_tracker.h"
 #include "master/event_log.h"
 #include "master/failure_log.h"
 #include "master/goodput.h"
 #include "common/clock.h"
 #include "master/fault_policy.h"
+#include "master/journal.h"
 #include "master/node_table.h"
 #include "master/precheck_coordinator.h"
 #include "master/rendezvous.h"
@@ -100,7 +103,18 @@ struct JobMasterOptions {
   // checks, replica peers). The simulator's agents do not, and at 1,000+
   // nodes the lists are members^2 entries per round: it turns them off.
   bool send_round_members = true;
+  // Durable state (journal.h), borrowed; nullptr: none. The master records
+  // its state there and, when the journal holds a job (journal->recovered()),
+  // resumes that job: same round, members, restart count, checkpoint commits,
+  // KV entries and failure history. Its nodes then have a heartbeat timeout
+  // to reconnect; those that do keep training (the round does not change).
+  // The options must match the journal's job (CheckJournalMatches).
+  Journal* journal = nullptr;
 };
+
+// Whether options (from flags) may resume the job a journal holds:
+// kFailedPrecondition naming the difference (another job id, --nnodes, ...).
+absl::Status CheckJournalMatches(const JobMasterOptions& options, const v1::MasterSnapshot& state);
 
 // kInvalidArgument with a message that says what to fix, or OK.
 absl::Status ValidateJobMasterOptions(const JobMasterOptions& options);
@@ -116,11 +130,32 @@ class JobMaster {
   // A Watch stream's hold on its node's outbox. Opening a newer Watch for the
   // same node makes older handles stale (their NextDecision ends the stream).
   struct Outbox;
+  // The receiving end of a Watch stream on the callback server
+  // (master_service.cc): the master hands it each decision as it is made.
+  // Both calls come with the master's lock held: they must only queue (start
+  // an asynchronous write), never block or call back into the JobMaster.
+  class DecisionSink {
+   public:
+    virtual ~DecisionSink() = default;
+    virtual void Deliver(const v1::Decision& decision) = 0;
+    // The stream must end with `status`: CANCELLED (a newer Watch replaced
+    // it), NOT_FOUND (the node is gone), UNAVAILABLE (shutdown).
+    virtual void End(const absl::Status& status) = 0;
+  };
   struct WatchHandle {
     std::string node_id;
     std::shared_ptr<Outbox> outbox;
     uint64_t generation = 0;
   };
+
+  // Which members a StartRound lists: all of them to group rank 0 (its store
+  // watch names the members that never connected) and in worlds of up to
+  // kFullMemberListNodes; to the others group rank 0 (the MASTER_ADDR check
+  // names it) and the next kRingNeighbors by group rank (flash-checkpoint
+  // replicas, --ckpt-replicas <= 8). So a round costs O(nodes) entries, not
+  // O(nodes^2) (10^8 at 10,000 nodes).
+  static constexpr int kFullMemberListNodes = 64;
+  static constexpr int kRingNeighbors = 8;
 
   // Options must be valid (ValidateJobMasterOptions).
   explicit JobMaster(JobMasterOptions options);
@@ -132,6 +167,7 @@ class JobMaster {
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
   absl::Status Leave(const v1::LeaveRequest& request);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+  // Text fields above common/limits.h's bounds are cut, not refused.
   absl::Status ReportFailure(const v1::FailureReport& report);
   absl::Status ReportWorkersDone(const v1::WorkersDoneRequest& request);
   absl::Status ReportProgress(const v1::ProgressReport& report);
@@ -149,6 +185,14 @@ class JobMaster {
   // CANCELLED as soon as `cancelled` (polled every 100 ms) returns true.
   absl::StatusOr<std::string> KvGet(const std::string& key, double wait_s,
                                     const std::function<bool()>& cancelled = {});
+  // KvGet without a thread waiting (the callback server): `done` runs
+  // exactly once, never with the lock held, with what KvGet would return -
+  // at once, when the key is set, or when wait_s passed (checked at each
+  // Tick). Returns an id for CancelKvWait, 0 when `done` already ran.
+  using KvCallback = std::function<void(absl::StatusOr<std::string>)>;
+  uint64_t KvGetAsync(const std::string& key, double wait_s, KvCallback done);
+  // Runs the waiter's `done` with CANCELLED unless it ran already.
+  void CancelKvWait(uint64_t id);
   v1::JobStatus Status() const;
   // The job's timeline (GET /api/v1/events); thread-safe, never takes the job lock.
   const EventLog& events() const { return events_; }
@@ -166,6 +210,9 @@ class JobMaster {
   // JobFinished) is queued first, so a reconnecting agent catches up. Replaces
   // any older stream of the node. NOT_FOUND for an unknown node.
   absl::StatusOr<WatchHandle> OpenWatch(const std::string& node_id);
+  // The same for a stream that receives its decisions through `sink` (no
+  // NextDecision): the current decision is delivered before this returns.
+  absl::StatusOr<WatchHandle> OpenWatch(const std::string& node_id, std::shared_ptr<DecisionSink> sink);
   // The stream's next decision, or nullopt after timeout_s (real time) without
   // one. An error means the stream must end with it: CANCELLED when a newer
   // Watch replaced it, NOT_FOUND when the node is gone, UNAVAILABLE on shutdown.
@@ -182,6 +229,9 @@ class JobMaster {
   // Evaluates heartbeat timeouts, last-call completion and wait-for-nodes
   // expiry at the clock's now. Called every ~50-100 ms.
   void Tick();
+
+  // Journals the gRPC port agents reach the master at (once it listens).
+  void RecordPort(int port);
 
   // Fails the job with `message` (e.g. the scheduler cannot provide nodes):
   // every agent gets JobFinished. A no-op once the job finished.
@@ -224,6 +274,7 @@ class JobMaster {
   void WarnNewStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStragglerCheckIntervalS = 1.0;
   std::string NnodesText() const;
+  v1::JoinResponse JoinAnswer() const;
 
   // Queues `d` for the node and makes it the node's current decision when it
   // is a StartRound, Wait or JobFinished.
@@ -264,6 +315,8 @@ class JobMaster {
   // failure_settle_s); drops those a node loss made stale.
   void DecidePendingFailures(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(bool succeeded, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a decided failure to the log (and the journal).
+  void AddFailure(v1::FailureRecord r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsMember(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLost(const LostList& lost);
   // Pre-flight check (job_master_precheck.cc). Returns true while the check
@@ -296,10 +349,35 @@ class JobMaster {
   // rendezvous, its re-joins refused.
   void ExcludeNode(const std::string& node_id, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- The journal (job_master_journal.cc). ---
+  // Appends a record; a failed write is logged once and the master goes on
+  // without durability (training must not stop because the master's disk did).
+  void Record(v1::JournalRecord record, bool sync) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The round state record (written whole when it changes; synced).
+  void RecordRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordNodeUp(const NodeSpec& spec, int64_t pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The goodput totals, every kGoodputMarkIntervalS.
+  void MaybeRecordGoodput(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr double kGoodputMarkIntervalS = 2.0;
+  // Rebuilds the job from the journal's state (in the constructor).
+  void Restore(const v1::MasterSnapshot& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where the job's clock starts: now, or (resuming) as long ago as the job began.
+  static double StartTime(const JobMasterOptions& options);
+  // Ends the open stream of an outbox with `status` (its sink, or wakes its
+  // NextDecision, which then sees why).
+  static void EndStream(Outbox* ob, const absl::Status& status);
+  // The NOT_FOUND a stream of a gone node ends with.
+  static absl::Status GoneStatus(const std::string& node_id, const Outbox& ob);
+  // A member's StartRound decision of the current round.
+  v1::Decision MakeStartRound(const MemberAssignment& m, const World& world) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const JobMasterOptions options_;
   const v1::JobSpec spec_;
   ClockInterface* const clock_;
   const double start_time_;
+  Journal* const journal_;
+  mutable bool journal_failed_ ABSL_GUARDED_BY(mu_) = false;
+  double goodput_marked_at_ ABSL_GUARDED_BY(mu_) = -1e18;
   // Fed lazily from the progress reports (FlushProgress), so mutable.
   mutable GoodputAccountant goodput_ ABSL_GUARDED_BY(mu_);
   mutable FailureLog failures_ ABSL_GUARDED_BY(mu_);
@@ -335,21 +413,23 @@ class JobMaster {
   absl::CondVar finished_cv_;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   absl::CondVar kv_cv_;
-  std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
-  // Flash checkpoint commit tracking, per checkpoint directory. Bounded: steps
-  // at or below `committed` are dropped when a step commits, and at most
-  // kMaxPendingCkptSteps incomplete steps are kept (the oldest go first: a
-  // step some rank never persisted can never complete).
-  static constexpr size_t kMaxPendingCkptSteps = 64;
-  struct CkptDir {
-    int64_t committed = 0;  // newest step handed out for commit
-    struct Step {
-      int world_size = 0;
-      std::set<int> ranks;
-    };
-    std::map<int64_t, Step> pending;
+  // KvGetAsync's waiters, by id, by key and by deadline.
+  struct KvWaiter {
+    std::string key;
+    absl::Time deadline;
+    KvCallback done;
   };
-  std::map<std::string, CkptDir> ckpt_dirs_ ABSL_GUARDED_BY(mu_);
+  using KvDone = std::vector<std::pair<KvCallback, absl::StatusOr<std::string>>>;
+  // Takes the waiters of `key` (all of them when empty) or, with expired_only,
+  // those whose deadline passed, with what each is answered.
+  void TakeKvWaiters(const std::string& key, bool expired_only, KvDone* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void RunKvDone(KvDone* done);
+  uint64_t next_kv_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, uint64_t> kv_waiting_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, uint64_t>> kv_deadlines_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
+  CkptCommitTracker ckpt_ ABSL_GUARDED_BY(mu_);  // flash checkpoint commits
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Pre-flight check state.
   struct Precheck {
@@ -366,7 +446,8 @@ class JobMaster {
 
 // A node's decision queue. Its fields are guarded by the JobMaster's mu_.
 struct JobMaster::Outbox {
-  std::deque<v1::Decision> queue;        // not yet taken by the open stream
+  std::deque<v1::Decision> queue;        // not yet taken by the open stream (without a sink)
+  std::shared_ptr<JobMaster::DecisionSink> sink;  // the open stream's, when it has one
   std::optional<v1::Decision> current;   // last StartRound / Wait / JobFinished
   uint64_t generation = 0;               // bumped by every OpenWatch
   bool watcher_active = false;
@@ -374,6 +455,7 @@ struct JobMaster::Outbox {
   bool closed = false;                   // the node is gone
   std::optional<double> disconnected_since;  // clock time the open stream closed
   std::string closed_reason;
+  bool awaiting_reconnect = false;       // restored from the journal; no stream opened yet
   absl::CondVar cv;
 };
 

@@ -9,11 +9,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "master/job_master.h"
+
+#include "common/limits.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::master {
 
-absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& result) {
+absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& received) {
+  v1::CheckResult result = received;
+  TruncateFront(result.mutable_error());
   absl::MutexLock lock(&mu_);
   if (nodes_.Find(result.node_id()) == nullptr) {
     spdlog::warn("job={} node={} check result refused: unknown node", options_.job_id, result.node_id());
@@ -151,6 +155,10 @@ void JobMaster::DrivePrecheck(double now) {
 
 void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reason) {
   precheck_.excluded[node_id] = reason;
+  v1::JournalRecord r;
+  r.mutable_excluded()->set_node_id(node_id);
+  r.mutable_excluded()->set_reason(reason);
+  Record(std::move(r), /*sync=*/true);  // its re-joins stay refused after a master restart
   precheck_.passed.erase(node_id);
   precheck_.best_times.erase(node_id);
   rdzv_.Remove(node_id);
@@ -196,6 +204,12 @@ void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now)
     if (precheck_.excluded.count(id) == 0) precheck_.passed.insert(id);
   }
   for (const auto& [id, t] : outcome.best_times) precheck_.best_times[id] = t;
+  for (const auto& id : precheck_.passed) {
+    v1::JournalRecord r;
+    r.mutable_passed()->set_node_id(id);
+    if (auto it = precheck_.best_times.find(id); it != precheck_.best_times.end()) r.mutable_passed()->set_check_time_s(it->second);
+    Record(std::move(r), /*sync=*/false);
+  }
   if (v.faulty.empty() && v.stragglers.empty()) {
     spdlog::info("job={} {}", options_.job_id, v.message);
   } else {

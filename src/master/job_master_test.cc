@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -659,6 +660,12 @@ TEST_F(JobMasterTest, SpecMismatchIsRefusedNamingTheDifference) {
   req.mutable_spec()->Clear();
   req.mutable_spec()->set_node_unit(2);
   EXPECT_THAT(jm_->Join(req).status().message(), HasSubstr("--node-unit 2"));
+  // A remote master does not silently ignore an agent's last call (torchrun's
+  // --rdzv-conf last_call_timeout): it refuses a different one.
+  req.mutable_spec()->Clear();
+  req.mutable_spec()->set_last_call_s(0);
+  EXPECT_THAT(jm_->Join(req).status().message(),
+              HasSubstr("--rdzv-conf last_call_timeout=0 but the job master waits 2 s after the last join"));
   EXPECT_EQ(jm_->Status().nodes_size(), 0);
   // Matching or absent settings are fine.
   req.mutable_spec()->Clear();
@@ -666,6 +673,7 @@ TEST_F(JobMasterTest, SpecMismatchIsRefusedNamingTheDifference) {
   req.mutable_spec()->set_max_nodes(2);
   req.mutable_spec()->set_max_restarts(3);
   req.mutable_spec()->set_run_id("job1");
+  req.mutable_spec()->set_last_call_s(2.0);
   EXPECT_TRUE(jm_->Join(req).ok());
 }
 
@@ -708,6 +716,105 @@ TEST_F(JobMasterTest, KvGetWaitsForSet) {
   EXPECT_EQ(jm_->KvGet("missing", 0.05).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(jm_->KvGet("missing", 5.0, [] { return true; }).status().code(),
             absl::StatusCode::kCancelled);
+}
+
+TEST_F(JobMasterTest, KvGetAsyncAnswersOnceAtOnceOnSetOnDeadlineOrCancel) {
+  Make(Options(1, 1));
+  std::vector<std::pair<std::string, absl::StatusOr<std::string>>> answers;
+  auto record = [&answers](std::string name) {
+    return [&answers, name](absl::StatusOr<std::string> v) { answers.emplace_back(name, std::move(v)); };
+  };
+  ASSERT_TRUE(jm_->KvSet("set", "v0").ok());
+  EXPECT_EQ(jm_->KvGetAsync("set", 5, record("now")), 0u);              // set already
+  EXPECT_EQ(jm_->KvGetAsync("missing", 0, record("no wait")), 0u);       // NOT_FOUND at once
+  EXPECT_NE(jm_->KvGetAsync("later", 5, record("on set 1")), 0u);
+  EXPECT_NE(jm_->KvGetAsync("later", 5, record("on set 2")), 0u);
+  EXPECT_NE(jm_->KvGetAsync("never", 0.05, record("deadline")), 0u);
+  const uint64_t cancelled = jm_->KvGetAsync("never", 5, record("cancelled"));
+  ASSERT_EQ(answers.size(), 2u);
+  ASSERT_TRUE(jm_->KvSet("later", "v1").ok());  // both waiters of the key
+  jm_->CancelKvWait(cancelled);
+  jm_->CancelKvWait(cancelled);  // a second cancel is a no-op
+  absl::SleepFor(absl::Milliseconds(80));
+  jm_->Tick();  // expires the deadline waiter
+  jm_->Tick();
+  std::map<std::string, absl::StatusOr<std::string>> by(answers.begin(), answers.end());
+  ASSERT_EQ(answers.size(), 6u);  // each exactly once
+  EXPECT_EQ(*by.at("now"), "v0");
+  EXPECT_EQ(by.at("no wait").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*by.at("on set 1"), "v1");
+  EXPECT_EQ(*by.at("on set 2"), "v1");
+  EXPECT_EQ(by.at("deadline").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(by.at("cancelled").status().code(), absl::StatusCode::kCancelled);
+  // Shutdown answers whoever still waits.
+  EXPECT_NE(jm_->KvGetAsync("never", 5, record("shutdown")), 0u);
+  jm_->Shutdown();
+  ASSERT_EQ(answers.size(), 7u);
+  EXPECT_EQ(answers.back().second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A DecisionSink that records what the master hands it.
+struct RecordingSink : JobMaster::DecisionSink {
+  void Deliver(const v1::Decision& d) override { decisions.push_back(d); }
+  void End(const absl::Status& s) override { ended.push_back(s); }
+  std::vector<v1::Decision> decisions;
+  std::vector<absl::Status> ended;
+};
+
+TEST_F(JobMasterTest, SinkWatchGetsCurrentDecisionPushesAndOneEnd) {
+  Make(Options(1, 2));
+  Add("a");
+  auto sink = std::make_shared<RecordingSink>();
+  auto h = jm_->OpenWatch("a", sink);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(sink->decisions.size(), 1u);  // the current one, before OpenWatch returned
+  EXPECT_TRUE(sink->decisions[0].has_wait());
+  Add("b");  // MAX: the round starts, and the decision is pushed to the sink
+  ASSERT_EQ(sink->decisions.size(), 2u);
+  EXPECT_EQ(sink->decisions.back().start_round().round(), 1);
+  // A newer stream of the node ends this one (CANCELLED) and gets the current decision.
+  auto newer = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(jm_->OpenWatch("a", newer).ok());
+  ASSERT_EQ(sink->ended.size(), 1u);
+  EXPECT_EQ(sink->ended[0].code(), absl::StatusCode::kCancelled);
+  ASSERT_EQ(newer->decisions.size(), 1u);
+  EXPECT_EQ(newer->decisions.back().start_round().round(), 1);
+  EXPECT_EQ(sink->decisions.size(), 2u);  // nothing more reaches the replaced stream
+  // The node leaves: its stream ends NOT_FOUND; the other's ends at shutdown.
+  auto sb = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(jm_->OpenWatch("b", sb).ok());
+  v1::LeaveRequest leave;
+  leave.set_node_id("a");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  ASSERT_EQ(newer->ended.size(), 1u);
+  EXPECT_EQ(newer->ended[0].code(), absl::StatusCode::kNotFound);
+  jm_->Shutdown();
+  ASSERT_EQ(sb->ended.size(), 1u);
+  EXPECT_EQ(sb->ended[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sink->ended.size(), 1u);  // never ended twice
+}
+
+TEST_F(JobMasterTest, BigWorldsListRankZeroAndTheRingNeighboursOnly) {
+  for (int n : {JobMaster::kFullMemberListNodes, 100}) {
+    handles_.clear();
+    live_.clear();
+    Make(Options(n, n));
+    for (int i = 0; i < n; ++i) Add(absl::StrCat("n", 1000 + i));
+    auto members_of = [&](int rank) {
+      const v1::StartRound s = Last(absl::StrCat("n", 1000 + rank)).start_round();
+      EXPECT_EQ(s.group_rank(), rank);
+      std::set<int> ranks;
+      for (const auto& m : s.members()) ranks.insert(m.group_rank());
+      return ranks;
+    };
+    EXPECT_EQ(members_of(0).size(), static_cast<size_t>(n));  // rank 0 always has everyone
+    if (n <= JobMaster::kFullMemberListNodes) {
+      EXPECT_EQ(members_of(5).size(), static_cast<size_t>(n));
+      continue;
+    }
+    EXPECT_EQ(members_of(5), (std::set<int>{0, 6, 7, 8, 9, 10, 11, 12, 13}));
+    EXPECT_EQ(members_of(n - 2), (std::set<int>{0, n - 1, 1, 2, 3, 4, 5, 6}));  // wraps past rank 0
+  }
 }
 
 TEST_F(JobMasterTest, WatchDeliversCurrentDecisionOnReconnectAndNewerReplacesOlder) {

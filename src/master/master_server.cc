@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "common/tunables.h"
@@ -43,6 +44,7 @@ struct MasterServer::Impl {
   std::string job_id;
   std::string address;
   int port = 0;
+  std::unique_ptr<Journal> journal;  // before the job: it outlives the job's use of it
   std::unique_ptr<JobMaster> job;
   std::unique_ptr<MasterService> service;
   std::unique_ptr<grpc::Server> server;
@@ -87,19 +89,42 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
   jo.on_node_excluded = options.on_node_excluded;
+  std::unique_ptr<Journal> journal;
+  int port = options.port;
+  if (!options.journal_dir.empty()) {
+    ASSIGN_OR_RETURN(journal, Journal::Open(Journal::Options{options.journal_dir}));
+    if (journal->recovered()) {
+      const v1::MasterSnapshot state = journal->state();
+      if (options.job_id.empty()) jo.job_id = state.job().job_id();
+      RETURN_IF_ERROR(CheckJournalMatches(jo, state));
+      if (port == 0) port = state.job().port();
+      if (port != state.job().port()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the journal's job was served on port ", state.job().port(), ", not --port ", port,
+            ": its agents reconnect to that port; drop --port or pass --port ", state.job().port()));
+      }
+    }
+    spdlog::info("job={} journal {}: {}", jo.job_id, options.journal_dir, journal->recovery_note());
+    jo.journal = journal.get();
+  }
   RETURN_IF_ERROR(ValidateJobMasterOptions(jo));
 
   std::unique_ptr<MasterServer> server(new MasterServer());
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
   impl.options = options;
+  impl.journal = std::move(journal);
   impl.job_id = jo.job_id;
   impl.job = std::make_unique<JobMaster>(jo);
   impl.service = std::make_unique<MasterService>(impl.job.get(), options.token);
 
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MasterServerCredentials(options.tls));
   grpc::ServerBuilder builder;
-  std::string listen = HostPort(options.bind_host, options.port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl.port);
+  std::string listen = HostPort(options.bind_host, port);
+  builder.AddListeningPort(listen, credentials, &impl.port);
+  // Bounds on what one message may carry (common/limits.h).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
   builder.RegisterService(impl.service.get());
   // Keepalive pings notice a dead agent's half-open Watch stream within ~15 s.
   // Heartbeats remain the source of truth for liveness; this only frees the
@@ -118,6 +143,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
         ": is the port in use or the address not on this machine? pick another --port or "
         "--host"));
   }
+  impl.job->RecordPort(impl.port);  // a restarted master listens there again
   std::string advertise = options.advertise_host.empty() ? HostName() : options.advertise_host;
   impl.address = HostPort(advertise, impl.port);
   impl.advertise_host = advertise;

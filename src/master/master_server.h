@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "ballast/v1/master.pb.h"
 #include "common/clock.h"
+#include "common/tls.h"
 
 namespace ballast::master {
 
@@ -31,6 +32,14 @@ struct MasterOptions {
   // taken, take any free one and say so rather than fail the job.
   bool http_port_is_default = false;
   bool metrics_public = false;        // /metrics without the token
+  // The journal directory (master/journal.h): "" none. When it holds a job the
+  // master resumes it (the job id, settings and port must match or be left
+  // out: a port of 0 takes the journal's) and agents that reconnect go on
+  // training; else a new job starts there.
+  std::string journal_dir;
+  // TLS (common/tls.h): cert + key serve TLS; a CA as well requires client
+  // certificates signed by it. Off when empty.
+  TlsFiles tls;
   std::string job_id;                 // TORCHELASTIC_RUN_ID; "" = random
   int min_nodes = 1;
   int max_nodes = 1;

@@ -1,0 +1,233 @@
+// JobMaster's journal: what it records (Record*) and how it resumes a job
+// from the recorded state (Restore). See journal.h for the format and
+// job_master.h for what a restarted master promises.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "master/job_master.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::master {
+namespace {
+
+double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+}  // namespace
+
+absl::Status CheckJournalMatches(const JobMasterOptions& o, const v1::MasterSnapshot& state) {
+  const v1::JobSpec& spec = state.job().spec();
+  std::vector<std::string> diffs;
+  if (!o.job_id.empty() && o.job_id != state.job().job_id()) {
+    diffs.push_back(absl::StrCat("job id ", o.job_id, " (the journal's is ", state.job().job_id(), ")"));
+  }
+  if (o.min_nodes != spec.min_nodes() || o.max_nodes != spec.max_nodes()) {
+    diffs.push_back(absl::StrCat("--nnodes ", o.min_nodes, ":", o.max_nodes, " (the journal's is ", spec.min_nodes(),
+                                 ":", spec.max_nodes(), ")"));
+  }
+  if (o.node_unit != spec.node_unit()) {
+    diffs.push_back(absl::StrCat("--node-unit ", o.node_unit, " (the journal's is ", spec.node_unit(), ")"));
+  }
+  if (o.max_restarts != spec.max_restarts()) {
+    diffs.push_back(absl::StrCat("--max-restarts ", o.max_restarts, " (the journal's is ", spec.max_restarts(), ")"));
+  }
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the journal holds job ", state.job().job_id(), " but this master was started with ", absl::StrJoin(diffs, ", "),
+      ": restart it with the job's own settings to resume it, or give a new --journal directory for a new job"));
+}
+
+double JobMaster::StartTime(const JobMasterOptions& o) {
+  const double now = o.clock->Now();
+  if (o.journal == nullptr || !o.journal->recovered()) return now;
+  // The job's age by the wall clock (this clock starts anew in a new process).
+  return now - std::max(0.0, UnixNow() - o.journal->state().job().start_unix_s());
+}
+
+void JobMaster::Record(v1::JournalRecord record, bool sync) const {
+  if (journal_ == nullptr || journal_failed_) return;
+  absl::Status s = journal_->Append(std::move(record), sync);
+  if (s.ok()) return;
+  journal_failed_ = true;
+  spdlog::error("job={} cannot write the journal in {}: {}; the job goes on, but a restarted master can no "
+                "longer resume it (free the disk or fix the directory, then restart the job to be safe)",
+                options_.job_id, journal_->dir(), s.ToString());
+}
+
+void JobMaster::RecordRound() {
+  if (journal_ == nullptr) return;
+  v1::JournalRecord r;
+  v1::JournalRound* jr = r.mutable_round();
+  jr->set_state(JobStateName(state_));
+  jr->set_round(round_);
+  jr->set_restart_count(restart_count_);
+  for (const auto& m : world_.members) {
+    v1::JournalMember* jm = jr->add_members();
+    jm->set_node_id(m.node_id);
+    jm->set_group_rank(m.group_rank);
+    jm->set_local_world_size(m.local_world_size);
+    jm->set_rank_offset(m.rank_offset);
+    jm->set_host(m.host);
+  }
+  jr->set_world_size(world_.world_size);
+  jr->set_message(message_);
+  for (const auto& [kind, n] : policy_.restarts_by_kind()) (*jr->mutable_restarts_by_kind())[kind] = n;
+  jr->set_decided_round(policy_.decided_round());
+  *jr->mutable_last_failure() = last_failure_;
+  jr->set_below_min(below_min_since_.has_value());
+  jr->set_below_min_context(below_min_context_);
+  Record(std::move(r), /*sync=*/true);
+}
+
+void JobMaster::RecordPort(int port) {
+  absl::MutexLock lock(&mu_);
+  if (journal_ == nullptr) return;
+  v1::JournalRecord r;
+  *r.mutable_job() = journal_->state().job();
+  if (r.job().port() == port) return;
+  r.mutable_job()->set_port(port);
+  Record(std::move(r), /*sync=*/true);
+}
+
+void JobMaster::RecordNodeUp(const NodeSpec& spec, int64_t pid) {
+  if (journal_ == nullptr) return;
+  v1::JournalRecord r;
+  v1::NodeInfo* n = r.mutable_node_up();
+  n->set_node_id(spec.node_id);
+  n->set_node_rank_hint(spec.node_rank_hint);
+  n->set_local_world_size(spec.local_world_size);
+  n->set_host(spec.host);
+  n->set_pid(pid);
+  Record(std::move(r), /*sync=*/false);
+}
+
+void JobMaster::AddFailure(v1::FailureRecord r) {
+  v1::JournalRecord jr;
+  *jr.mutable_failure() = r;
+  Record(std::move(jr), /*sync=*/false);  // the round record that follows syncs it
+  failures_.Add(std::move(r));
+}
+
+void JobMaster::MaybeRecordGoodput(double now) {
+  if (journal_ == nullptr || now - goodput_marked_at_ < kGoodputMarkIntervalS) return;
+  goodput_marked_at_ = now;
+  const GoodputAccountant::Breakdown b = goodput_.Get(now);
+  v1::JournalRecord r;
+  v1::JournalGoodput* g = r.mutable_goodput();
+  g->set_at_unix_s(UnixNow());
+  g->set_wall_s(b.wall_s);
+  for (double sec : b.seconds) g->add_seconds(sec);
+  g->set_steps_seen(b.steps_seen);
+  g->set_high_water_step(b.high_water_step);
+  g->set_recomputed_steps(b.recomputed_steps);
+  g->set_training(goodput_.training());
+  g->set_round_stall_s(goodput_.round_stall_s());
+  Record(std::move(r), /*sync=*/false);
+}
+
+void JobMaster::Restore(const v1::MasterSnapshot& st) {
+  const double now = clock_->Now();
+  const v1::JournalRound& jr = st.round();
+  round_ = jr.round();
+  restart_count_ = jr.restart_count();
+  state_ = jr.state() == "running"     ? JobState::kRunning
+           : jr.state() == "succeeded" ? JobState::kSucceeded
+           : jr.state() == "failed"    ? JobState::kFailed
+                                       : JobState::kRendezvous;
+  message_ = jr.message().empty() ? message_ : jr.message();
+  last_failure_ = jr.last_failure();
+  if (jr.below_min()) below_min_since_ = now;  // the wait for nodes starts again
+  below_min_context_ = jr.below_min_context();
+  policy_.Restore(jr.decided_round(), {jr.restarts_by_kind().begin(), jr.restarts_by_kind().end()});
+  world_ = World{};
+  world_.world_size = jr.world_size();
+  for (const auto& m : jr.members()) {
+    world_.members.push_back(MemberAssignment{m.node_id(), m.group_rank(), m.local_world_size(), m.rank_offset(), m.host()});
+  }
+  for (const auto& [id, why] : st.excluded()) precheck_.excluded[id] = why;
+  for (const auto& [id, t] : st.passed()) {
+    precheck_.passed.insert(id);
+    if (t > 0) precheck_.best_times[id] = t;
+  }
+  if (!st.passed().empty() || !st.excluded().empty()) precheck_.enabled = true;
+  // Nodes: the round's members first (in rank order, so a re-formed world
+  // keeps their order), then the others. Each gets a fresh heartbeat: it has
+  // a heartbeat timeout to reconnect.
+  std::vector<const v1::NodeInfo*> order;
+  for (const auto& m : jr.members()) {
+    if (auto it = st.nodes().find(m.node_id()); it != st.nodes().end()) order.push_back(&it->second);
+  }
+  std::vector<const v1::NodeInfo*> others;
+  for (const auto& [id, n] : st.nodes()) {
+    if (world_.Find(id) == nullptr) others.push_back(&n);
+  }
+  order.insert(order.end(), others.begin(), others.end());
+  std::set<std::string> done;
+  for (const auto& d : st.done()) done.insert(d.node_id());
+  for (const v1::NodeInfo* n : order) {
+    NodeSpec spec{n->node_id(), n->node_rank_hint(), n->local_world_size(), n->host()};
+    NodeRecord& rec = nodes_.Upsert(spec, n->pid());
+    // Its agent retries every <= 2 s on a channel that itself backs off
+    // <= 2 s: two heartbeat timeouts to come back.
+    rec.last_heartbeat = now + options_.heartbeat_timeout_s;
+    if (const MemberAssignment* m = world_.Find(n->node_id()); m != nullptr && state_ == JobState::kRunning) {
+      rec.state = done.count(n->node_id()) > 0 ? NodeState::kDone : NodeState::kTraining;
+      rec.group_rank = m->group_rank;
+      if (rec.state == NodeState::kDone) done_.insert(n->node_id());
+    }
+    if (precheck_.excluded.count(n->node_id()) == 0) rdzv_.Join(spec, now);
+    outboxes_[n->node_id()] = std::make_shared<Outbox>();
+  }
+  for (const auto& [id, n] : st.nodes()) {
+    if (world_.Find(id) == nullptr) world_.surplus.push_back(id);
+  }
+  for (const auto& [k, v] : st.kv()) kv_[k] = v;
+  ckpt_.FromProto(st.ckpt_dirs());
+  failures_.Restore(st.failures(), st.failures_total());
+  for (const auto& h : st.held()) {
+    if (h.report().round() == round_ && state_ == JobState::kRunning) pending_failures_.push_back({h.report(), h.host(), now});
+  }
+  // Goodput carries on from the last mark.
+  if (st.goodput().seconds_size() == GoodputAccountant::kNumParts) {
+    const v1::JournalGoodput& g = st.goodput();
+    GoodputAccountant::Breakdown b;
+    for (int p = 0; p < GoodputAccountant::kNumParts; ++p) b.seconds[p] = g.seconds(p);
+    b.steps_seen = g.steps_seen();
+    b.high_water_step = g.high_water_step();
+    b.recomputed_steps = g.recomputed_steps();
+    const double mark = now - std::max(0.0, UnixNow() - g.at_unix_s());
+    goodput_.Resume(start_time_, std::max(mark, start_time_), b, state_ == JobState::kRunning, g.training(),
+                    g.round_stall_s());
+  } else if (state_ == JobState::kRunning) {
+    goodput_.RoundStarted(start_time_);
+  }
+  // Each node's current decision, re-sent when its agent reconnects: the
+  // same StartRound it runs (agents ignore a round they already run), a Wait,
+  // or the job's end.
+  for (auto& [id, ob] : outboxes_) {
+    v1::Decision d;
+    if (finished()) {
+      d.mutable_job_finished()->set_succeeded(state_ == JobState::kSucceeded);
+      d.mutable_job_finished()->set_message(message_);
+    } else if (const MemberAssignment* m = world_.Find(id); m != nullptr && state_ == JobState::kRunning) {
+      d = MakeStartRound(*m, world_);
+    } else if (precheck_.excluded.count(id) > 0) {
+      d.mutable_excluded()->set_reason(precheck_.excluded[id]);
+    } else {
+      d.mutable_wait()->set_reason(state_ == JobState::kRunning ? SurplusReason() : RendezvousWaitReason(now));
+    }
+    ob->current = std::move(d);
+    ob->awaiting_reconnect = true;
+  }
+  if (finished()) outcome_ = JobOutcome{state_ == JobState::kSucceeded, message_, restart_count_};
+  const std::string note =
+      absl::StrCat("the job master restarted and resumed the job from its journal (", journal_->recovery_note(), "): ",
+                   JobStateName(state_), ", round ", round_, ", ", world_.num_nodes(), " members, ", st.nodes_size(),
+                   " nodes known, restart count ", restart_count_, "; waiting up to ",
+                   absl::SixDigits(2 * options_.heartbeat_timeout_s), " s for their agents to reconnect");
+  spdlog::warn("job={} {}", options_.job_id, note);
+  events_.Append("master_restarted", round_, "", note);
+}
+
+}  // namespace ballast::master

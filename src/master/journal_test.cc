@@ -1,0 +1,376 @@
+#include "master/journal.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "master/job_master.h"
+
+namespace ballast::master {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("ballast-journal-" + name + "-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+v1::JournalRecord Kv(const std::string& key, const std::string& value) {
+  v1::JournalRecord r;
+  r.mutable_kv()->set_key(key);
+  r.mutable_kv()->set_value(value);
+  return r;
+}
+
+std::unique_ptr<Journal> OpenOrDie(const std::string& dir, size_t compact_bytes = 16u << 20) {
+  auto j = Journal::Open(Journal::Options{dir, compact_bytes});
+  EXPECT_TRUE(j.ok()) << j.status();
+  return j.ok() ? *std::move(j) : nullptr;
+}
+
+size_t FileSize(const std::string& path) { return std::filesystem::file_size(path); }
+
+TEST(JournalTest, RecordsSurviveReopenInOrder) {
+  const std::string dir = TempDir("reopen");
+  {
+    auto j = OpenOrDie(dir);
+    EXPECT_FALSE(j->recovered());
+    v1::JournalRecord job;
+    job.mutable_job()->set_job_id("j1");
+    ASSERT_TRUE(j->Append(job, true).ok());
+    ASSERT_TRUE(j->Append(Kv("a", "1"), false).ok());
+    ASSERT_TRUE(j->Append(Kv("a", "2"), true).ok());
+  }
+  auto j = OpenOrDie(dir);
+  ASSERT_TRUE(j->recovered());
+  v1::MasterSnapshot s = j->state();
+  EXPECT_EQ(s.job().job_id(), "j1");
+  EXPECT_EQ(s.kv().at("a"), "2");
+  EXPECT_EQ(s.last_seq(), 3u);
+  EXPECT_THAT(j->recovery_note(), HasSubstr("replayed 3 records"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JournalTest, TornTailIsCutAtTheLastGoodRecord) {
+  const std::string dir = TempDir("torn");
+  {
+    auto j = OpenOrDie(dir);
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(j->Append(Kv("k" + std::to_string(i), "v"), true).ok());
+  }
+  const std::string log = dir + "/journal.log";
+  const size_t full = FileSize(log);
+  std::filesystem::resize_file(log, full - 3);  // a crash mid-write of the last record
+  {
+    auto j = OpenOrDie(dir);
+    v1::MasterSnapshot s = j->state();
+    EXPECT_EQ(s.kv_size(), 4);
+    EXPECT_EQ(s.kv().count("k4"), 0u);
+    EXPECT_THAT(j->recovery_note(), HasSubstr("cut off"));
+    EXPECT_LT(FileSize(log), full - 3);  // truncated to the good records
+    // Appending after the cut continues the sequence.
+    ASSERT_TRUE(j->Append(Kv("after", "x"), true).ok());
+  }
+  auto j = OpenOrDie(dir);
+  EXPECT_EQ(j->state().kv().at("after"), "x");
+  EXPECT_EQ(j->state().kv_size(), 5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JournalTest, CorruptRecordEndsReplayThere) {
+  const std::string dir = TempDir("corrupt");
+  {
+    auto j = OpenOrDie(dir);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(j->Append(Kv("k" + std::to_string(i), "value"), true).ok());
+  }
+  const std::string log = dir + "/journal.log";
+  // Flip one byte in the payload of the third record.
+  const size_t record = FrameJournalRecord([] {
+                          v1::JournalRecord r = Kv("k0", "value");
+                          r.set_seq(1);
+                          return r;
+                        }()).size();
+  {
+    std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(kJournalMagic.size() + 2 * record + record - 2));
+    f.put('\x7f');
+  }
+  auto j = OpenOrDie(dir);
+  EXPECT_EQ(j->state().kv_size(), 2);
+  EXPECT_THAT(j->recovery_note(), HasSubstr("checksum"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JournalTest, CompactionKeepsTheStateAndCheckpointCommits) {
+  const std::string dir = TempDir("compact");
+  {
+    auto j = OpenOrDie(dir, /*compact_bytes=*/512);
+    for (int i = 0; i < 40; ++i) ASSERT_TRUE(j->Append(Kv("k" + std::to_string(i), std::string(20, 'x')), false).ok());
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::JournalRecord r;
+      auto* sh = r.mutable_shard();
+      sh->set_dir("/ckpt");
+      sh->set_step(7);
+      sh->set_rank(rank);
+      sh->set_world_size(2);
+      ASSERT_TRUE(j->Append(r, true).ok());
+    }
+    EXPECT_TRUE(std::filesystem::exists(dir + "/snapshot.pb"));
+    EXPECT_LT(j->log_bytes(), 512u);
+  }
+  auto j = OpenOrDie(dir);
+  v1::MasterSnapshot s = j->state();
+  EXPECT_EQ(s.kv_size(), 40);
+  EXPECT_EQ(s.last_seq(), 42u);
+  ASSERT_EQ(s.ckpt_dirs_size(), 1);
+  EXPECT_EQ(s.ckpt_dirs(0).committed(), 7);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JournalTest, CorruptSnapshotIsAnErrorNotAReset) {
+  const std::string dir = TempDir("badsnap");
+  {
+    auto j = OpenOrDie(dir);
+    ASSERT_TRUE(j->Append(Kv("a", "1"), true).ok());
+    ASSERT_TRUE(j->Compact().ok());
+  }
+  {
+    std::fstream f(dir + "/snapshot.pb", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x01');
+  }
+  auto j = Journal::Open(Journal::Options{dir});
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(j.status().message(), HasSubstr("snapshot.pb is corrupt"));
+  EXPECT_THAT(j.status().message(), HasSubstr("move the directory away"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JournalTest, ParseStopsAtAnyGarbage) {
+  // Short header, huge length, garbage: never past the end, never a crash.
+  for (const std::string& junk : {std::string("\x01\x02"), std::string(12, '\xff'), std::string(40, '\0')}) {
+    ParsedJournal p = ParseJournalRecords(junk);
+    EXPECT_LE(p.good_bytes, junk.size());
+  }
+}
+
+// --- A JobMaster that restarts from its journal. ---
+
+class JournalRestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = TempDir("master"); }
+  void TearDown() override {
+    jm_.reset();
+    journal_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  JobMasterOptions Options() {
+    JobMasterOptions o;
+    o.job_id = "job1";
+    o.min_nodes = 2;
+    o.max_nodes = 2;
+    o.max_restarts = 3;
+    o.last_call_s = 1.0;
+    o.heartbeat_interval_s = 1.0;
+    o.heartbeat_timeout_s = 5.0;
+    o.clock = &clock_;
+    return o;
+  }
+  // (Re)starts the master on the journal, as a crash and restart would.
+  void Start(JobMasterOptions o) {
+    jm_.reset();
+    journal_.reset();
+    handles_.clear();
+    auto j = Journal::Open(Journal::Options{dir_});
+    ASSERT_TRUE(j.ok()) << j.status();
+    journal_ = *std::move(j);
+    o.journal = journal_.get();
+    jm_ = std::make_unique<JobMaster>(o);
+  }
+  void Join(const std::string& id) {
+    v1::JoinRequest req;
+    req.mutable_node()->set_node_id(id);
+    req.mutable_node()->set_local_world_size(1);
+    req.mutable_node()->set_host(id + ".host");
+    auto r = jm_->Join(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  v1::Decision Last(const std::string& id) {
+    if (handles_.count(id) == 0) {
+      auto h = jm_->OpenWatch(id);
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) return {};
+      handles_[id] = *h;
+    }
+    v1::Decision last;
+    while (true) {
+      auto next = jm_->NextDecision(handles_[id], 0);
+      if (!next.ok() || !next->has_value()) break;
+      last = **next;
+    }
+    return last;
+  }
+  void Advance(double seconds, const std::vector<std::string>& alive) {
+    for (double t = 0; t < seconds - 1e-9; t += 0.5) {
+      clock_.Advance(0.5);
+      for (const auto& id : alive) {
+        v1::HeartbeatRequest hb;
+        hb.set_node_id(id);
+        (void)jm_->Heartbeat(hb);
+      }
+      jm_->Tick();
+    }
+  }
+  absl::Status Fail(const std::string& id, int64_t round) {
+    v1::FailureReport r;
+    r.set_node_id(id);
+    r.set_round(round);
+    r.set_global_rank(0);
+    r.set_exit_code(1);
+    return jm_->ReportFailure(r);
+  }
+  // Two nodes in round 1, training.
+  void RunningJob(JobMasterOptions o) {
+    Start(o);
+    Join("a");
+    Join("b");
+    ASSERT_TRUE(Last("a").has_start_round());
+    ASSERT_TRUE(Last("b").has_start_round());
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<JobMaster> jm_;
+  std::map<std::string, JobMaster::WatchHandle> handles_;
+};
+
+TEST_F(JournalRestartTest, RestartedMasterResumesTheRoundWithoutARestart) {
+  RunningJob(Options());
+  ASSERT_TRUE(Fail("a", 1).ok());  // one restart: round 2
+  ASSERT_EQ(Last("b").start_round().round(), 2);
+  ASSERT_TRUE(jm_->KvSet("round/2/master_endpoint", "a.host:1234").ok());
+  v1::ShardDurableReport sh;
+  sh.set_dir("/ckpt");
+  sh.set_step(9);
+  sh.set_world_size(2);
+  sh.set_rank(0);
+  ASSERT_FALSE(jm_->ReportShardDurable(sh)->commit());
+  sh.set_rank(1);
+  ASSERT_TRUE(jm_->ReportShardDurable(sh)->commit());
+
+  Start(Options());  // the crash and restart
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.state(), "running");
+  EXPECT_EQ(st.round(), 2);
+  EXPECT_EQ(st.restart_count(), 1);
+  EXPECT_EQ(st.failures_total(), 1);
+  // The agents reconnect: the same round, the same ranks; nothing restarts.
+  Join("a");
+  Join("b");
+  v1::Decision da = Last("a");
+  ASSERT_TRUE(da.has_start_round());
+  EXPECT_EQ(da.start_round().round(), 2);
+  EXPECT_EQ(da.start_round().restart_count(), 1);
+  EXPECT_EQ(Last("b").start_round().group_rank(), 1 - da.start_round().group_rank());
+  EXPECT_EQ(*jm_->KvGet("round/2/master_endpoint", 0), "a.host:1234");
+  // The commit is remembered: the step does not commit twice.
+  sh.set_rank(0);
+  EXPECT_FALSE(jm_->ReportShardDurable(sh)->commit());
+  EXPECT_EQ(jm_->ReportShardDurable(sh)->committed_step(), 9);
+  Advance(12, {"a", "b"});
+  EXPECT_EQ(jm_->Status().round(), 2);  // both heartbeat: nobody is lost
+  // Failures are handled as before the crash: the next is restart 2.
+  ASSERT_TRUE(Fail("b", 2).ok());
+  EXPECT_EQ(jm_->Status().restart_count(), 2);
+  EXPECT_EQ(Last("a").start_round().round(), 3);
+}
+
+TEST_F(JournalRestartTest, HeldFailureIsDecidedOnceAfterTheRestart) {
+  JobMasterOptions o = Options();
+  o.failure_settle_s = 0.5;
+  RunningJob(o);
+  ASSERT_TRUE(Fail("a", 1).ok());  // held for the settle time; then the master dies
+  EXPECT_EQ(jm_->Status().round(), 1);
+  Start(o);
+  Join("a");
+  Join("b");
+  Advance(1, {"a", "b"});
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 2);
+  EXPECT_EQ(st.restart_count(), 1);
+  // The agent's retry of the same report after reconnecting is stale now.
+  EXPECT_EQ(Fail("a", 1).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(jm_->Status().restart_count(), 1);
+}
+
+TEST_F(JournalRestartTest, NodeThatNeverReconnectsIsLostAfterTwoHeartbeatTimeouts) {
+  JobMasterOptions o = Options();
+  o.min_nodes = 1;
+  RunningJob(o);
+  Start(o);
+  Join("a");  // b's agent died with the master
+  Advance(6, {"a"});
+  EXPECT_EQ(jm_->Status().round(), 1);  // still within its reconnect window
+  Advance(6, {"a"});
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 2);  // scaled down to a
+  EXPECT_EQ(st.restart_count(), 0);
+  EXPECT_EQ(st.world_size(), 1);
+}
+
+TEST_F(JournalRestartTest, FinishedJobTellsReconnectingAgentsItsEnd) {
+  RunningJob(Options());
+  for (const char* id : {"a", "b"}) {
+    v1::WorkersDoneRequest d;
+    d.set_node_id(id);
+    d.set_round(1);
+    ASSERT_TRUE(jm_->ReportWorkersDone(d).ok());
+  }
+  ASSERT_TRUE(jm_->outcome().has_value());
+  Start(Options());
+  ASSERT_TRUE(jm_->outcome().has_value());
+  EXPECT_TRUE(jm_->outcome()->succeeded);
+  EXPECT_FALSE(jm_->AllFinalDecisionsSent());  // its agents have not heard it yet
+  Join("a");
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_job_finished());
+  EXPECT_TRUE(d.job_finished().succeeded());
+}
+
+TEST_F(JournalRestartTest, OneDoneNodeStaysDoneAcrossTheRestart) {
+  RunningJob(Options());
+  v1::WorkersDoneRequest d;
+  d.set_node_id("a");
+  d.set_round(1);
+  ASSERT_TRUE(jm_->ReportWorkersDone(d).ok());
+  Start(Options());
+  Join("a");
+  Join("b");
+  d.set_node_id("b");
+  ASSERT_TRUE(jm_->ReportWorkersDone(d).ok());
+  ASSERT_TRUE(jm_->outcome().has_value());
+  EXPECT_TRUE(jm_->outcome()->succeeded);
+}
+
+TEST_F(JournalRestartTest, OtherSettingsAreRefusedNamingTheDifference) {
+  RunningJob(Options());
+  JobMasterOptions o = Options();
+  o.max_nodes = 3;
+  absl::Status s = CheckJournalMatches(o, journal_->state());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--nnodes 2:3 (the journal's is 2:2)"));
+  EXPECT_THAT(s.message(), HasSubstr("new --journal directory"));
+  EXPECT_TRUE(CheckJournalMatches(Options(), journal_->state()).ok());
+}
+
+}  // namespace
+}  // namespace ballast::master

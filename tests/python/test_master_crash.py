@@ -1,0 +1,204 @@
+"""The job master survives its own crash: real processes, real DDP on gloo.
+
+`ballast master --journal DIR` serves two `ballast run` agents training with
+a flash checkpoint (persisted every 2 steps, so commits run all the time).
+The test SIGKILLs the master at random moments - during the rendezvous,
+mid-training, while a worker failure is being handled - and starts it again
+with the same command line. Each time:
+
+  - the workers keep training: no worker restarts (one "start" event per
+    rank), no round change, restart count 0 at the end (1 in the job where a
+    worker was killed too: exactly one restart);
+  - the job finishes, every step completes, and `latest` names the newest
+    step whose shards are all on disk.
+
+A third case cuts the journal's tail (a torn write) and corrupts it before a
+restart: the master resumes from the last good record.
+"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from _util import free_port
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
+PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
+TRAIN = os.path.join(ROOT, "bench", "goodput_train.py")
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from train_events import read_events  # noqa: E402
+
+TOKEN = "crash-test-token"
+STEPS = 110
+
+
+def wait_for(what, fn, timeout, interval=0.1):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+class MasterCrashTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ballast-mcrash-")
+        self.procs = []
+        self.seed = int(os.environ.get("BALLAST_TEST_SEED", str(int(time.time()))))
+        self.rng = random.Random(self.seed)
+        print(f"\nseed {self.seed} (BALLAST_TEST_SEED reproduces it)", flush=True)
+
+    def tearDown(self):
+        if os.environ.get("BALLAST_KEEP_TMP"):
+            print(f"kept {self.tmp}")
+            self.tmp = "/nonexistent"
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def spawn(self, argv, log_name, env=None):
+        log = open(os.path.join(self.tmp, log_name), "a")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp,
+                             env={**os.environ, "BALLAST_TOKEN": TOKEN, **(env or {})})
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def log(self, name):
+        with open(os.path.join(self.tmp, name), errors="replace") as f:
+            return f.read()
+
+    # --- the job ---
+
+    def start_master(self):
+        self.master = self.spawn([BIN, "master", "--nnodes", "2", "--host", "127.0.0.1", "--advertise-host",
+                                  "127.0.0.1", "--port", str(self.port), "--journal", self.journal,
+                                  "--job-id", "crash", "--http-port", "-1"], "master.log")
+        wait_for("the master listening", lambda: self.log("master.log").count(": job crash listening on") >= self.master_starts + 1,
+                 30)
+        self.master_starts += 1
+
+    def kill_master(self, why):
+        os.kill(self.master.pid, signal.SIGKILL)
+        self.master.wait()
+        self.kills.append(why)
+        time.sleep(self.rng.uniform(0.2, 2.0))  # down for a while, as a crashed pod is
+        self.start_master()
+
+    def start_agent(self, rank):
+        return self.spawn([BIN, "run", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--nnodes", "2",
+                           "--nproc-per-node", "1", "--node-rank", str(rank), "--local-addr", "127.0.0.1",
+                           "--python", PYTHON, TRAIN, "--out", self.out, "--ckpt-dir", self.ckpt, "--ckpt", "ballast",
+                           "--steps", str(STEPS), "--step-time", "0.08", "--state-mb", "2", "--persist-every", "2"],
+                          f"agent{rank}.log")
+
+    def steps(self, rank):
+        return max([e["step"] for e in read_events(self.out, rank) if e["event"] == "step"], default=0)
+
+    def begin(self):
+        self.port = free_port()
+        self.journal = os.path.join(self.tmp, "journal")
+        self.out, self.ckpt = os.path.join(self.tmp, "out"), os.path.join(self.tmp, "ckpt")
+        os.makedirs(self.out)
+        self.master_starts = 0
+        self.kills = []
+        self.start_master()
+
+    def finish(self, agents, restarts):
+        for a in agents:
+            a.wait(timeout=120)
+        self.master.wait(timeout=30)
+        logs = "\n".join(self.log(n)[-3000:] for n in ("master.log", "agent0.log", "agent1.log"))
+        for a in agents:
+            self.assertEqual(a.returncode, 0, logs)
+        self.assertEqual(self.master.returncode, 0, logs)
+        self.assertIn(f"job crash succeeded ({restarts} restarts)", self.log("master.log"))
+        for rank in (0, 1):
+            events = read_events(self.out, rank)
+            starts = [e for e in events if e["event"] == "start"]
+            self.assertEqual(len(starts), 1 + restarts, (rank, starts, self.kills))
+            self.assertEqual(events[-1]["event"], "done", rank)
+            done_steps = sorted({e["step"] for e in events if e["event"] == "step"})
+            self.assertEqual(done_steps[-1], STEPS)
+            self.assertEqual(set(range(done_steps[0], STEPS + 1)) - set(done_steps), set(), "a step was skipped")
+        # `latest` names the newest step whose shards all reached the disk.
+        with open(os.path.join(self.ckpt, "latest")) as f:
+            latest = f.read().strip()
+        complete = sorted(int(d.split("-")[1]) for d in os.listdir(self.ckpt)
+                          if d.startswith("step-") and os.path.exists(os.path.join(self.ckpt, d, "COMPLETE")))
+        self.assertTrue(complete, os.listdir(self.ckpt))
+        self.assertEqual(int(re.sub(r"\D", "", latest)), complete[-1], (latest, complete))
+        self.assertGreaterEqual(complete[-1], STEPS - 10)
+        restarted = self.log("master.log").count("resumed the job from its journal")
+        self.assertEqual(restarted, len(self.kills), self.kills)
+        print(f"master killed {len(self.kills)} times ({', '.join(self.kills)}): the job finished with "
+              f"{restarts} restart(s), latest {latest}", flush=True)
+
+    def kill_mid_training(self, n, first=8, last=STEPS - 20):
+        marks = sorted(self.rng.sample(range(first, last), n))
+        for mark in marks:
+            wait_for(f"step {mark}", lambda: self.steps(0) >= mark, 90)
+            time.sleep(self.rng.uniform(0, 0.08))  # anywhere within the step, commits included
+            self.kill_master(f"step {self.steps(0)}")
+
+    def test_master_killed_during_rendezvous_and_training(self):
+        self.begin()
+        a0 = self.start_agent(0)
+        wait_for("node 0 joined", lambda: "joined" in self.log("master.log"), 30)
+        self.kill_master("rendezvous")  # one node in, the other not yet
+        a1 = self.start_agent(1)
+        self.kill_mid_training(4)
+        self.finish([a0, a1], restarts=0)
+
+    def test_master_killed_while_a_worker_failure_is_handled(self):
+        self.begin()
+        agents = [self.start_agent(0), self.start_agent(1)]
+        self.kill_mid_training(2, last=50)
+        wait_for("step 60", lambda: self.steps(0) >= 60, 90)
+        pid = [e for e in read_events(self.out, 1) if e["event"] == "start"][-1]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(self.rng.uniform(0, 0.15))  # the report in flight, held or decided
+        self.kill_master("a worker failure being handled")
+        self.kill_mid_training(1, first=75)  # and once more in the restarted round
+        self.finish(agents, restarts=1)
+
+    def test_torn_and_corrupt_journal_tail_recovers_to_the_last_good_record(self):
+        self.begin()
+        agents = [self.start_agent(0), self.start_agent(1)]
+        for damage in ("torn", "corrupt"):
+            wait_for("training", lambda: self.steps(0) >= 20 + 30 * (damage == "corrupt"), 90)
+            os.kill(self.master.pid, signal.SIGKILL)
+            self.master.wait()
+            log = os.path.join(self.journal, "journal.log")
+            size = os.path.getsize(log)
+            with open(log, "r+b") as f:
+                if damage == "torn":
+                    f.truncate(size - 5)  # the last record half written
+                else:
+                    f.seek(size - 3)
+                    f.write(b"\xde\xad\xbe")  # bit rot in the last record
+            self.kills.append(damage)
+            self.start_master()
+            self.assertRegex(self.log("master.log"), r"cut off \d+ bytes at the end of .*journal.log")
+        self.finish(agents, restarts=0)
+        self.assertIn("checksum does not match", self.log("master.log"))
+
+
+if __name__ == "__main__":
+    unittest.main()
