@@ -69,6 +69,7 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
   auto start = Clock::now();
   double backoff = options_.backoff_initial_s;
   absl::Status last;
+  std::string tls_error;  // a TLS handshake failure seen on the way (the last error may be a plain timeout)
   int attempts = 0;
   while (true) {
     double remaining = timeout_s - SecondsSince(start);
@@ -76,6 +77,7 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
     ++attempts;
     if (r.ok() || !Retryable(r.status())) return r;
     last = r.status();
+    if (tls_error.empty() && !TlsHint(std::string(last.message())).empty()) tls_error = std::string(last.message());
     if (attempts == 1 || attempts % 10 == 0)
       spdlog::info("master {} not reachable yet ({}); retrying", options_.endpoint, std::string(last.message()));
     remaining = timeout_s - SecondsSince(start);
@@ -84,7 +86,10 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
     backoff = std::min(backoff * 2, options_.backoff_max_s);
   }
   return absl::UnavailableError(absl::StrCat("no answer from ", options_.endpoint, " after ", attempts,
-                                             " attempts: ", last.message()));
+                                             " attempts: ", last.message(),
+                                             tls_error.empty() || tls_error == last.message()
+                                                 ? ""
+                                                 : absl::StrCat("; earlier: ", tls_error)));
 }
 
 absl::Status MasterClient::Leave(const std::string& node_id, const std::string& reason, double timeout_s) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckpt/checksum.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 
 namespace ballast::ckpt {
 namespace {
@@ -90,10 +91,7 @@ uint64_t ChunkedDigest(uint64_t n, CopyPool* pool, uint64_t threshold, uint64_t 
 }  // namespace
 
 int DefaultCopyThreads() {
-  if (const char* v = std::getenv("BALLAST_CKPT_COPY_THREADS"); v != nullptr) {
-    int n = 0;
-    if (absl::SimpleAtoi(v, &n) && n >= 1) return std::min(n, 256);
-  }
+  if (const int n = Tunables::Get().ckpt_copy_threads; n >= 1) return std::min(n, 256);  // BALLAST_CKPT_COPY_THREADS
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
   return std::clamp(hw, 1, 8);
 }

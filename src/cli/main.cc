@@ -1,8 +1,10 @@
 // The one `ballast` binary. Dispatches to a subcommand; configures logging once.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
+#include "common/tunables.h"
 #include "common/logging.h"
 
 namespace {
@@ -42,6 +44,11 @@ int main(int argc, char** argv) {
   }
   if (cmd == "run" || cmd == "master" || cmd == "launch" || cmd == "status" || cmd == "operator") {
     ballast::SetupLogging(cmd == "run" ? "agent" : cmd);
+  }
+  // A mistyped BALLAST_* tunable is refused, not ignored.
+  if (const std::vector<std::string> errors = ballast::Tunables::Validate(); !errors.empty()) {
+    for (const std::string& e : errors) std::fprintf(stderr, "ballast: %s\n", e.c_str());
+    return ballast::cli::kUsageExit;
   }
   if (cmd == "run") return ballast::cli::RunCommand(args);
   if (cmd == "master") return ballast::cli::MasterCommand(args);

@@ -90,6 +90,24 @@ TEST(Tunables, EnvOverrideAndBadValue) {
   unsetenv("BALLAST_STDERR_TAIL_LINES");
 }
 
+TEST(Tunables, NegativeValuesAndTheFormerlyStrayOnesAreCheckedToo) {
+  setenv("BALLAST_PRECHECK_TIMEOUT_S", "-3", 1);
+  setenv("BALLAST_CKPT_COPY_THREADS", "4", 1);
+  setenv("BALLAST_PRECHECK_MATMUL_SIZE", "big", 1);
+  std::vector<std::string> errors = Tunables::Validate();
+  Tunables t = Tunables::FromEnv(nullptr);
+  EXPECT_EQ(t.ckpt_copy_threads, 4);
+  EXPECT_DOUBLE_EQ(t.precheck_timeout_s, 120.0);  // the bad value is not taken
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[0].find("BALLAST_PRECHECK_TIMEOUT_S='-3' is not a value >= 0"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("unset it for the default 120.0"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("BALLAST_PRECHECK_MATMUL_SIZE='big' is not a valid int"), std::string::npos) << errors[1];
+  unsetenv("BALLAST_PRECHECK_TIMEOUT_S");
+  unsetenv("BALLAST_CKPT_COPY_THREADS");
+  unsetenv("BALLAST_PRECHECK_MATMUL_SIZE");
+  EXPECT_TRUE(Tunables::Validate().empty());
+}
+
 TEST(FakeClock, Advances) {
   FakeClock c(10);
   c.Advance(2.5);

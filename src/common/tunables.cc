@@ -23,19 +23,26 @@ bool ParseValue(const char* s, int* out) { return absl::SimpleAtoi(s, out); }
 
 Tunables Tunables::FromEnv(std::vector<std::string>* errors) {
   Tunables t;
-#define BALLAST_TUNABLE_ENV(type, name, def, doc)                                         \
-  if (const char* v = std::getenv(EnvName(#name).c_str()); v != nullptr && *v != '\0') { \
-    type parsed{};                                                                        \
-    if (ParseValue(v, &parsed)) {                                                         \
-      t.name = parsed;                                                                    \
-    } else if (errors != nullptr) {                                                       \
-      errors->push_back(EnvName(#name) + "='" + v + "' is not a valid " #type            \
-                        "; using the default");                                           \
-    }                                                                                     \
+#define BALLAST_TUNABLE_ENV(type, name, def, doc)                                                      \
+  if (const char* v = std::getenv(EnvName(#name).c_str()); v != nullptr && *v != '\0') {              \
+    type parsed{};                                                                                     \
+    if (ParseValue(v, &parsed) && parsed >= 0) {                                                       \
+      t.name = parsed;                                                                                 \
+    } else if (errors != nullptr) {                                                                    \
+      errors->push_back(EnvName(#name) + "='" + v + "' is not " +                                     \
+                        (ParseValue(v, &parsed) ? std::string("a value >= 0") : "a valid " #type) +   \
+                        " (" doc "); set it to one, or unset it for the default " #def);              \
+    }                                                                                                  \
   }
   BALLAST_TUNABLES(BALLAST_TUNABLE_ENV)
 #undef BALLAST_TUNABLE_ENV
   return t;
+}
+
+std::vector<std::string> Tunables::Validate() {
+  std::vector<std::string> errors;
+  FromEnv(&errors);
+  return errors;
 }
 
 const Tunables& Tunables::Get() {

@@ -59,7 +59,20 @@ namespace ballast {
     "listening, not every rank has connected to it (the process group did not form).")       \
   X(double, straggler_factor, 2.0,                                                             \
     "A node whose step time exceeds this factor times the median over the round's nodes is "  \
-    "a straggler (needs at least 2 reporting nodes).")
+    "a straggler (needs at least 2 reporting nodes).")                                        \
+  X(double, precheck_timeout_s, 120.0,                                                         \
+    "Pre-flight check: seconds an agent gives one check round (torch import included) before " \
+    "it kills the check and reports a failure.")                                              \
+  X(double, precheck_grace_s, 30.0,                                                            \
+    "Pre-flight check: the master counts a node that sent no result by the timeout + this as " \
+    "failed.")                                                                                 \
+  X(int, precheck_allreduce_bytes, 16 << 20, "Pre-flight check: allreduce payload per worker.") \
+  X(int, precheck_matmul_size, 1024, "Pre-flight check: size of the square matmul.")           \
+  X(double, precheck_straggler_min_s, 0.1,                                                     \
+    "Pre-flight check: a straggler is also this many seconds slower than the median (below it " \
+    "is timing noise of a short benchmark).")                                                  \
+  X(int, ckpt_copy_threads, 0,                                                                 \
+    "Threads that copy a flash checkpoint into shared memory; 0: one per core, up to 8.")
 
 struct Tunables {
 #define BALLAST_TUNABLE_FIELD(type, name, def, doc) type name = def;
@@ -68,9 +81,13 @@ struct Tunables {
 
   // The process-wide values: defaults overridden by BALLAST_<NAME> env vars.
   static const Tunables& Get();
-  // Defaults overridden by the environment; an unparsable value is reported in
-  // *errors and the default kept.
+  // Defaults overridden by the environment. A value that does not parse or is
+  // negative (no tunable takes one) is reported in *errors (naming the
+  // variable and what to do) and the default kept for it; `ballast` refuses
+  // to start with any (main.cc: Validate), so a typo is never ignored.
   static Tunables FromEnv(std::vector<std::string>* errors);
+  // The errors FromEnv finds in this process's environment.
+  static std::vector<std::string> Validate();
 };
 
 }  // namespace ballast

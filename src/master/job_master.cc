@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/limits.h"
+#include "common/status_macros.h"
 #include "common/replica_record.h"
 #include "master/straggler.h"
 #include "spdlog/spdlog.h"
@@ -1005,89 +1006,36 @@ absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
 }
 
 absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
-  if (key.empty()) return absl::InvalidArgumentError("KvSet needs a non-empty key");
-  if (key.size() > kMaxKvKeyBytes || value.size() > kMaxKvValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("KvSet of a ", key.size(), "-byte key and a ", value.size(),
-                                                   "-byte value: keys are at most ", kMaxKvKeyBytes,
-                                                   " bytes, values at most ", kMaxKvValueBytes));
-  }
-  KvDone done;
+  RETURN_IF_ERROR(KvStore::CheckEntry(key, value));
+  KvStore::Answers woken;
   {
     absl::MutexLock lock(&mu_);
     spdlog::debug("job={} kv set {} ({} bytes)", options_.job_id, key, value.size());
+    RETURN_IF_ERROR(kv_.CanSet(key));
     v1::JournalRecord r;
     r.mutable_kv()->set_key(key);
     r.mutable_kv()->set_value(value);
     // A round's endpoint is read by the other agents right after: keep it.
-    if (kv_.size() >= kMaxKvKeys && kv_.count(key) == 0) {
-      return absl::ResourceExhaustedError(absl::StrCat("the master's KV store holds ", kv_.size(),
-                                                       " keys, its limit: KvSet of a new key refused"));
-    }
     Record(std::move(r), /*sync=*/absl::StartsWith(key, "round/"));
-    kv_[key] = std::move(value);
+    RETURN_IF_ERROR(kv_.Set(key, std::move(value), &woken));
     kv_cv_.SignalAll();
-    TakeKvWaiters(key, /*expired_only=*/false, &done);
   }
-  RunKvDone(&done);
+  KvStore::RunAnswers(&woken);
   return absl::OkStatus();
-}
-
-void JobMaster::TakeKvWaiters(const std::string& key, bool expired_only, KvDone* out) {
-  std::vector<uint64_t> ids;
-  if (expired_only) {
-    const absl::Time now = absl::Now();
-    for (auto it = kv_deadlines_.begin(); it != kv_deadlines_.end() && it->first <= now; ++it) ids.push_back(it->second);
-  } else if (key.empty()) {
-    for (const auto& [id, w] : kv_waiters_) ids.push_back(id);
-  } else {
-    for (auto [it, end] = kv_waiting_.equal_range(key); it != end; ++it) ids.push_back(it->second);
-  }
-  for (uint64_t id : ids) {
-    auto it = kv_waiters_.find(id);
-    if (it == kv_waiters_.end()) continue;
-    KvWaiter w = std::move(it->second);
-    kv_waiters_.erase(it);
-    kv_deadlines_.erase({w.deadline, id});
-    for (auto [k, end] = kv_waiting_.equal_range(w.key); k != end; ++k) {
-      if (k->second == id) {
-        kv_waiting_.erase(k);
-        break;
-      }
-    }
-    absl::StatusOr<std::string> answer;
-    if (auto v = kv_.find(w.key); v != kv_.end()) {
-      answer = v->second;
-    } else if (shutdown_) {
-      answer = absl::UnavailableError("the job master is shutting down");
-    } else {
-      answer = absl::DeadlineExceededError(absl::StrCat("key ", w.key, " is not set after waiting"));
-    }
-    out->emplace_back(std::move(w.done), std::move(answer));
-  }
-}
-
-void JobMaster::RunKvDone(KvDone* done) {
-  for (auto& [fn, answer] : *done) fn(std::move(answer));
-  done->clear();
 }
 
 uint64_t JobMaster::KvGetAsync(const std::string& key, double wait_s, KvCallback done) {
   absl::StatusOr<std::string> now_answer;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = kv_.find(key); it != kv_.end()) {
-      now_answer = it->second;
+    if (const std::string* v = kv_.Find(key); v != nullptr) {
+      now_answer = *v;
     } else if (shutdown_) {
       now_answer = absl::UnavailableError("the job master is shutting down");
     } else if (wait_s <= 0) {
       now_answer = absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
     } else {
-      const uint64_t id = next_kv_waiter_++;
-      const absl::Time deadline = absl::Now() + absl::Seconds(wait_s);
-      kv_waiters_[id] = KvWaiter{key, deadline, std::move(done)};
-      kv_waiting_.emplace(key, id);
-      kv_deadlines_.emplace(deadline, id);
-      return id;
+      return kv_.AddWaiter(key, absl::Now() + absl::Seconds(wait_s), std::move(done));
     }
   }
   done(std::move(now_answer));
@@ -1098,19 +1046,9 @@ void JobMaster::CancelKvWait(uint64_t id) {
   KvCallback done;
   {
     absl::MutexLock lock(&mu_);
-    auto it = kv_waiters_.find(id);
-    if (it == kv_waiters_.end()) return;
-    done = std::move(it->second.done);
-    kv_deadlines_.erase({it->second.deadline, id});
-    for (auto [k, end] = kv_waiting_.equal_range(it->second.key); k != end; ++k) {
-      if (k->second == id) {
-        kv_waiting_.erase(k);
-        break;
-      }
-    }
-    kv_waiters_.erase(it);
+    done = kv_.TakeWaiter(id);
   }
-  done(absl::CancelledError("KvGet cancelled"));
+  if (done) done(absl::CancelledError("KvGet cancelled"));
 }
 
 absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait_s,
@@ -1118,7 +1056,7 @@ absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait
   absl::MutexLock lock(&mu_);
   absl::Time deadline = absl::Now() + absl::Seconds(std::max(wait_s, 0.0));
   while (true) {
-    if (auto it = kv_.find(key); it != kv_.end()) return it->second;
+    if (const std::string* v = kv_.Find(key); v != nullptr) return *v;
     if (shutdown_) return absl::UnavailableError("the job master is shutting down");
     if (wait_s <= 0) return absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
     if (cancelled && cancelled()) return absl::CancelledError("KvGet cancelled");
@@ -1260,8 +1198,9 @@ void JobMaster::AddGoodput(double now, v1::JobStatus* st) const {
 
 void JobMaster::AddReplicaLocations(v1::JobStatus* st) const {
   std::vector<v1::ReplicaLocation> out;
-  for (auto it = kv_.lower_bound(std::string(kReplicaKeyPrefix));
-       it != kv_.end() && absl::StartsWith(it->first, kReplicaKeyPrefix); ++it) {
+  const std::map<std::string, std::string>& kv = kv_.entries();
+  for (auto it = kv.lower_bound(std::string(kReplicaKeyPrefix));
+       it != kv.end() && absl::StartsWith(it->first, kReplicaKeyPrefix); ++it) {
     int rank = 0, copy = 0;
     absl::StatusOr<ReplicaRecord> rec = ReplicaRecord::FromKvValue(it->second);
     if (!ParseReplicaKey(it->first, &rank, &copy) || !rec.ok()) continue;  // not an agent's record
@@ -1382,12 +1321,12 @@ bool JobMaster::AllFinalDecisionsSent() const {
 
 void JobMaster::Tick() {
   LostList lost;
-  KvDone expired;
+  KvStore::Answers expired;
   {
     absl::MutexLock lock(&mu_);
-    TakeKvWaiters("", /*expired_only=*/true, &expired);
+    kv_.TakeExpired(absl::Now(), &expired);
   }
-  RunKvDone(&expired);
+  KvStore::RunAnswers(&expired);
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_ || finished()) return;
@@ -1435,7 +1374,7 @@ std::optional<JobOutcome> JobMaster::WaitForFinish(double timeout_s) {
 }
 
 void JobMaster::Shutdown() {
-  KvDone done;
+  KvStore::Answers done;
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return;
@@ -1444,9 +1383,9 @@ void JobMaster::Shutdown() {
     for (auto& [id, ob] : outboxes_) EndStream(ob.get(), absl::UnavailableError("the job master is shutting down"));
     kv_cv_.SignalAll();
     finished_cv_.SignalAll();
-    TakeKvWaiters("", /*expired_only=*/false, &done);
+    kv_.TakeAll(absl::UnavailableError("the job master is shutting down"), &done);
   }
-  RunKvDone(&done);
+  KvStore::RunAnswers(&done);
 }
 
 }  // namespace ballast::master

@@ -1,7 +1,14 @@
-// JobMaster: the job state machine behind the Master gRPC service. It owns the
-// rendezvous, the node table, the fault policy, the KV store (round endpoints)
-// and one decision outbox per node, which the Watch streams drain. It speaks
-// proto messages and absl::Status only; master_service.cc adapts it to gRPC.
+// JobMaster: the job state machine behind the Master gRPC service, and the
+// one serialized owner of the job's state. Its components, each with one job
+// and no lock of their own (they run under mu_): Rendezvous (who joined, the
+// world they form), NodeTable (liveness), FaultPolicy (restart or fail),
+// KvStore (round endpoints, replica records, KvGet waiters),
+// CkptCommitTracker (flash checkpoint commits), FailureLog and
+// GoodputAccountant (what failures cost), PrecheckCoordinator (the pre-flight
+// check), one decision outbox per node (which the Watch streams drain), and a
+// borrowed Journal (durable state; job_master_journal.cc). EventLog has its
+// own lock. It speaks proto messages and absl::Status only; master_service.cc
+// adapts it to gRPC.
 //
 // Job states: "rendezvous" (waiting for enough nodes), "running" (a round is
 // active), then "succeeded" or "failed" (final). Every change of the world is
@@ -54,6 +61,7 @@
 #include "common/clock.h"
 #include "master/fault_policy.h"
 #include "master/journal.h"
+#include "master/kv_store.h"
 #include "master/node_table.h"
 #include "master/precheck_coordinator.h"
 #include "master/rendezvous.h"
@@ -189,7 +197,7 @@ class JobMaster {
   // exactly once, never with the lock held, with what KvGet would return -
   // at once, when the key is set, or when wait_s passed (checked at each
   // Tick). Returns an id for CancelKvWait, 0 when `done` already ran.
-  using KvCallback = std::function<void(absl::StatusOr<std::string>)>;
+  using KvCallback = KvStore::Callback;
   uint64_t KvGetAsync(const std::string& key, double wait_s, KvCallback done);
   // Runs the waiter's `done` with CANCELLED unless it ran already.
   void CancelKvWait(uint64_t id);
@@ -411,23 +419,8 @@ class JobMaster {
   std::string message_ ABSL_GUARDED_BY(mu_);
   std::optional<JobOutcome> outcome_ ABSL_GUARDED_BY(mu_);
   absl::CondVar finished_cv_;
-  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
-  absl::CondVar kv_cv_;
-  // KvGetAsync's waiters, by id, by key and by deadline.
-  struct KvWaiter {
-    std::string key;
-    absl::Time deadline;
-    KvCallback done;
-  };
-  using KvDone = std::vector<std::pair<KvCallback, absl::StatusOr<std::string>>>;
-  // Takes the waiters of `key` (all of them when empty) or, with expired_only,
-  // those whose deadline passed, with what each is answered.
-  void TakeKvWaiters(const std::string& key, bool expired_only, KvDone* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void RunKvDone(KvDone* done);
-  uint64_t next_kv_waiter_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
-  std::multimap<std::string, uint64_t> kv_waiting_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, uint64_t>> kv_deadlines_ ABSL_GUARDED_BY(mu_);
+  KvStore kv_ ABSL_GUARDED_BY(mu_);  // its waiters' answers run after the lock is released
+  absl::CondVar kv_cv_;               // the blocking KvGet's
   std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
   CkptCommitTracker ckpt_ ABSL_GUARDED_BY(mu_);  // flash checkpoint commits
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -182,7 +182,8 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
   for (const auto& [id, n] : st.nodes()) {
     if (world_.Find(id) == nullptr) world_.surplus.push_back(id);
   }
-  for (const auto& [k, v] : st.kv()) kv_[k] = v;
+  KvStore::Answers none;  // no waiters yet
+  for (const auto& [k, v] : st.kv()) (void)kv_.Set(k, v, &none);
   ckpt_.FromProto(st.ckpt_dirs());
   failures_.Restore(st.failures(), st.failures_total());
   for (const auto& h : st.held()) {

@@ -8,37 +8,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/tunables.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::master {
-namespace {
-
-template <typename T>
-void EnvOverride(const char* name, T* value) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return;
-  if constexpr (std::is_same_v<T, double>) {
-    double d = 0;
-    if (absl::SimpleAtod(v, &d) && d > 0) *value = d;
-  } else {
-    T i = 0;
-    if (absl::SimpleAtoi(v, &i) && i > 0) *value = i;
-  }
-  // An invalid value keeps the default; the check still runs.
-}
-
-}  // namespace
 
 PrecheckOptions PrecheckOptions::FromEnv() {
+  const Tunables& t = Tunables::Get();  // BALLAST_PRECHECK_*
   PrecheckOptions o;
-  EnvOverride("BALLAST_PRECHECK_TIMEOUT_S", &o.timeout_s);
-  EnvOverride("BALLAST_PRECHECK_GRACE_S", &o.grace_s);
-  EnvOverride("BALLAST_PRECHECK_ALLREDUCE_BYTES", &o.allreduce_bytes);
-  EnvOverride("BALLAST_PRECHECK_MATMUL_SIZE", &o.matmul_size);
-  if (const char* v = std::getenv("BALLAST_PRECHECK_STRAGGLER_MIN_S"); v != nullptr) {
-    double d = 0;
-    if (absl::SimpleAtod(v, &d) && d >= 0) o.straggler_min_gap_s = d;
-  }
+  if (t.precheck_timeout_s > 0) o.timeout_s = t.precheck_timeout_s;
+  o.grace_s = t.precheck_grace_s;
+  if (t.precheck_allreduce_bytes > 0) o.allreduce_bytes = t.precheck_allreduce_bytes;
+  if (t.precheck_matmul_size > 0) o.matmul_size = t.precheck_matmul_size;
+  o.straggler_min_gap_s = t.precheck_straggler_min_s;
   return o;
 }
 
