@@ -282,7 +282,7 @@ int CkptPersister::BreakpointSaveAsync(const std::string& why) {
   int pinned = 0;
   for (auto& sp : stores_) {
     Store& s = *sp;
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<std::mutex> lock(s.bp_mu);  // not s.mu: a write in progress must not hold up a restart
     std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
     if (!cfg.has_value()) continue;
     absl::StatusOr<ckpt::PinnedSlot> pin = s.slots->PinLatest();
@@ -297,9 +297,13 @@ int CkptPersister::BreakpointSaveAsync(const std::string& why) {
 }
 
 bool CkptPersister::WriteBreakpointLocked(Store& s, double report_timeout_s) {
-  if (!s.breakpoint.has_value()) return false;
-  Store::PendingBreakpoint b = std::move(*s.breakpoint);
-  s.breakpoint.reset();
+  std::optional<Store::PendingBreakpoint> pending;
+  {
+    std::lock_guard<std::mutex> bp_lock(s.bp_mu);
+    pending.swap(s.breakpoint);
+  }
+  if (!pending.has_value()) return false;
+  Store::PendingBreakpoint b = std::move(*pending);
   const uint64_t step = b.pin.step();
   if (step <= s.slots->durable_step()) return false;
   const auto t0 = Clock::now();

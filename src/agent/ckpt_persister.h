@@ -139,7 +139,13 @@ class CkptPersister {
   struct Store {
     int local_rank = 0;
     std::unique_ptr<ckpt::SlotStore> slots;
-    std::mutex mu;  // serializes persisting this store (poll thread vs breakpoint save)
+    // Serializes persisting this store (poll thread vs a final breakpoint
+    // save); held across a shard write and its report.
+    std::mutex mu;
+    // Guards only `breakpoint`, so BreakpointSaveAsync (the agent's event
+    // loop, at a restart) never waits for a write or an RPC in progress.
+    // Lock order: mu, then bp_mu.
+    std::mutex bp_mu;
     // A breakpoint save the poll thread has yet to write (BreakpointSaveAsync).
     struct PendingBreakpoint {
       ckpt::PinnedSlot pin;
@@ -147,7 +153,7 @@ class CkptPersister {
       std::string why;
       Clock::time_point since;
     };
-    std::optional<PendingBreakpoint> breakpoint ABSL_GUARDED_BY(mu);
+    std::optional<PendingBreakpoint> breakpoint ABSL_GUARDED_BY(bp_mu);
     // A request that cannot be served (its step was overwritten in memory by
     // newer, unrequested steps): not retried until a newer request comes.
     uint64_t skipped_request ABSL_GUARDED_BY(mu) = 0;

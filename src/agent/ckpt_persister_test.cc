@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -201,6 +202,52 @@ TEST_F(AgentCkptPersisterTest, AFailingDiskIsRetriedAFewTimesThenTheStepIsGivenU
   EXPECT_THAT(w->GetPersistError()->message, HasSubstr("gave up"));
   EXPECT_EQ(w->durable_step(), 0u);
   EXPECT_TRUE(master_.reports.empty());
+}
+
+TEST(AgentCkptPersisterSlowMaster, ABreakpointSaveAtARestartDoesNotWaitForAReportInFlight) {
+  // The master takes 1 s to answer a durable report; meanwhile the agent's
+  // event loop pins its breakpoint save (a restart): that must not wait.
+  std::atomic<bool> in_report{false};
+  ShardReporter slow = [&](const v1::ShardDurableReport&, double) -> absl::StatusOr<v1::ShardDurableResponse> {
+    in_report = true;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return v1::ShardDurableResponse();
+  };
+  const std::string dir = MakeTempDir("slowmaster");
+  CkptPersisterOptions o;
+  o.node_id = "node-s";
+  o.local_world_size = 1;
+  o.name_prefix = CkptStorePrefix(absl::StrCat("slow-", dir), getpid());
+  o.retry_after_s = 0;
+  auto p = CkptPersister::Create(o, slow);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto w = ckpt::SlotStore::Open((*p)->store_name(0));
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto save = [&](uint64_t step, bool persist) {
+    std::vector<uint8_t> img = ImageForStep(step);
+    auto write = (*w)->BeginSave(step, img.size());
+    ASSERT_TRUE(write.ok());
+    std::memcpy(write->image(), img.data(), img.size());
+    ASSERT_TRUE((*w)->Commit(&*write, img.size()).ok());
+    if (persist) {
+      ASSERT_TRUE((*w)->SetPersistConfig({dir, 0, 1, 3}).ok());
+      (*w)->RequestPersist(step);
+    }
+  };
+  save(1, true);
+  std::thread poll([&] { (*p)->PollOnce(); });  // writes step 1, then reports it (1 s)
+  while (!in_report) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  save(2, false);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ((*p)->BreakpointSaveAsync("restart"), 1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
+  poll.join();
+  (*p)->PollOnce();  // the poll thread writes the pending breakpoint save
+  EXPECT_EQ((*w)->durable_step(), 2u);
+  w->reset();
+  p->reset();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 TEST_F(AgentCkptPersisterTest, BreakpointSavePersistsTheNewestInMemoryStepOnce) {

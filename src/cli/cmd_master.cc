@@ -3,9 +3,11 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,7 @@
 #include "cli/http_flags.h"
 #include "cli/tls_flags.h"
 #include "common/net.h"
+#include "common/subprocess.h"
 #include "common/tunables.h"
 #include "master/master_server.h"
 #include "scheduler/kubernetes/kubernetes_job.h"
@@ -24,6 +27,63 @@ namespace {
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }
+
+// Set in the master process a supervisor started.
+constexpr char kSupervisedEnv[] = "BALLAST_MASTER_SUPERVISED";
+// A master that keeps dying is not restarted forever.
+constexpr int kMaxQuickRestarts = 5;
+constexpr double kQuickRestartWindowS = 60;
+
+// With --journal, `ballast master` runs the master in a child process and
+// restarts it when it dies of a signal (a crash, the OOM killer, kill -9):
+// the journal makes the new process the same job, and its agents keep
+// training. An exit is the job's outcome (or a usage error) and is passed on;
+// SIGINT/SIGTERM are forwarded. The child dies with this process.
+int SuperviseMaster(const Args& args, const std::string& token, const std::string& journal) {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  using Clock = std::chrono::steady_clock;
+  std::deque<Clock::time_point> restarts;
+  for (int incarnation = 1;; ++incarnation) {
+    SpawnOptions so;
+    so.argv = {SelfExePath(), "master"};
+    so.argv.insert(so.argv.end(), args.begin(), args.end());
+    so.env = CurrentEnvironment();
+    so.env["BALLAST_TOKEN"] = token;  // a generated token must survive the restart
+    so.env[kSupervisedEnv] = "1";
+    auto child = Subprocess::Spawn(so);
+    if (!child.ok()) {
+      std::fprintf(stderr, "ballast master: cannot start the master process: %s\n",
+                   std::string(child.status().message()).c_str());
+      return 1;
+    }
+    spdlog::info("master process pid {} started (incarnation {}); it is restarted from the journal {} if it dies",
+                 child->pid(), incarnation, journal);
+    std::optional<ExitStatus> st;
+    int forwarded = 0;
+    while (!(st = child->Wait(0.2)).has_value()) {
+      if (const int sig = g_signal.load(); sig != 0 && forwarded == 0) {
+        forwarded = sig;
+        child->Signal(sig);
+      }
+    }
+    if (forwarded != 0) return 128 + forwarded;
+    if (st->signal == 0) return st->exit_code;
+    const auto now = Clock::now();
+    while (!restarts.empty() && std::chrono::duration<double>(now - restarts.front()).count() > kQuickRestartWindowS) {
+      restarts.pop_front();
+    }
+    if (static_cast<int>(restarts.size()) >= kMaxQuickRestarts) {
+      spdlog::error("the master process died of {} again: {} restarts within {} s, giving up (see its log above; "
+                    "start `ballast master` with the same --journal to resume the job)",
+                    st->Describe(), kMaxQuickRestarts, kQuickRestartWindowS);
+      return 1;
+    }
+    restarts.push_back(now);
+    spdlog::warn("the master process (pid {}) died of {}; restarting it from the journal {}", child->pid(),
+                 st->Describe(), journal);
+  }
+}
 
 }  // namespace
 
@@ -54,9 +114,13 @@ int MasterCommand(const Args& args) {
   app.add_option("--job-id,--rdzv-id,--rdzv_id", opts.job_id, "Job id (TORCHELASTIC_RUN_ID); default random");
   TlsFlags tls;
   tls.Add(app, /*server=*/true);
+  bool no_supervise = false;
   app.add_option("--journal", opts.journal_dir,
                  "Directory for the master's journal: a master restarted with the same --journal resumes the job "
-                 "and its agents keep training (default: none)");
+                 "and its agents keep training; this command then runs the master in a child process that it "
+                 "restarts when it dies (default: no journal)");
+  app.add_flag("--no-supervise,--no_supervise", no_supervise,
+               "With --journal: run the master in this process (a supervisor of your own restarts it)");
   app.add_option("--last-call", opts.last_call_s, "Seconds after the last join before a round at >= MIN completes");
   app.add_option("--heartbeat-timeout", opts.heartbeat_timeout_s, "Seconds of agent silence before its node is dead");
   app.add_option("--wait-for-nodes", opts.wait_for_nodes_s, "Seconds a job below MIN nodes waits before failing");
@@ -103,6 +167,9 @@ int MasterCommand(const Args& args) {
   if (opts.token.empty()) opts.token = RandomHex(16);
   http.Apply(&opts);
   opts.tls = tls.Get();
+  if (!opts.journal_dir.empty() && !no_supervise && std::getenv(kSupervisedEnv) == nullptr) {
+    return SuperviseMaster(args, opts.token, opts.journal_dir);
+  }
 
   auto server = master::MasterServer::Start(opts);
   if (!server.ok()) {

@@ -12,7 +12,9 @@ with the same command line. Each time:
   - the job finishes, every step completes, and `latest` names the newest
     step whose shards are all on disk.
 
-A third case cuts the journal's tail (a torn write) and corrupts it before a
+`ballast master --journal` also restarts a master process that died by
+itself (its supervisor); a test kills that process twice and checks nobody
+has to step in. A further case cuts the journal's tail (a torn write) and corrupts it before a
 restart: the master resumes from the last good record.
 """
 
@@ -94,9 +96,23 @@ class MasterCrashTest(unittest.TestCase):
                  30)
         self.master_starts += 1
 
-    def kill_master(self, why):
+    def kill_master_processes(self):
+        # The supervisor and its master process (which dies with it, but
+        # asynchronously: the journal must not be written after this returns).
+        children = re.findall(r"master process pid (\d+) started", self.log("master.log"))
         os.kill(self.master.pid, signal.SIGKILL)
         self.master.wait()
+        if children:
+            child = int(children[-1])
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            wait_for("the master process gone", lambda: not os.path.exists(f"/proc/{child}") or
+                     open(f"/proc/{child}/stat").read().split(")")[-1].split()[0] == "Z", 10)
+
+    def kill_master(self, why):
+        self.kill_master_processes()
         self.kills.append(why)
         time.sleep(self.rng.uniform(0.2, 2.0))  # down for a while, as a crashed pod is
         self.start_master()
@@ -178,13 +194,28 @@ class MasterCrashTest(unittest.TestCase):
         self.kill_mid_training(1, first=75)  # and once more in the restarted round
         self.finish(agents, restarts=1)
 
+    def test_the_supervisor_restarts_a_crashed_master_by_itself(self):
+        # `ballast master --journal` runs the master in a child process and
+        # restarts it when it dies: nobody has to start it again.
+        self.begin()
+        agents = [self.start_agent(0), self.start_agent(1)]
+        for mark in sorted(self.rng.sample(range(10, STEPS - 30), 2)):
+            wait_for(f"step {mark}", lambda: self.steps(0) >= mark, 90)
+            pids = re.findall(r"master process pid (\d+) started", self.log("master.log"))
+            os.kill(int(pids[-1]), signal.SIGKILL)  # a crash of the master process, not of its supervisor
+            self.kills.append(f"step {self.steps(0)}, pid {pids[-1]}")
+            wait_for("the restarted master", lambda: self.log("master.log").count(": job crash listening on") >=
+                     self.master_starts + 1, 60)
+            self.master_starts += 1
+        self.finish(agents, restarts=0)
+        self.assertEqual(self.log("master.log").count("restarting it from the journal"), 2)
+
     def test_torn_and_corrupt_journal_tail_recovers_to_the_last_good_record(self):
         self.begin()
         agents = [self.start_agent(0), self.start_agent(1)]
         for damage in ("torn", "corrupt"):
             wait_for("training", lambda: self.steps(0) >= 20 + 30 * (damage == "corrupt"), 90)
-            os.kill(self.master.pid, signal.SIGKILL)
-            self.master.wait()
+            self.kill_master_processes()
             log = os.path.join(self.journal, "journal.log")
             size = os.path.getsize(log)
             with open(log, "r+b") as f:
