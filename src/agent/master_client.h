@@ -106,7 +106,8 @@ class MasterClient {
     grpc::ClientContext* ctx_;
   };
   void ConfigureContext(grpc::ClientContext* ctx, double timeout_s) const;
-  absl::StatusOr<v1::JoinResponse> JoinOnce(const v1::JoinRequest& request, double timeout_s);
+  absl::StatusOr<v1::JoinResponse> JoinOnce(const v1::JoinRequest& request, double timeout_s,
+                                            bool wait_for_ready = false);
   absl::Status Rejoin();
   void WatchLoop(std::string node_id);
   void HeartbeatLoop(double interval_s);
