@@ -1221,27 +1221,7 @@ void JobMaster::AddReplicaLocations(v1::JobStatus* st) const {
 // Watch streams.
 
 absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& node_id) {
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("the job master is shutting down");
-  auto it = outboxes_.find(node_id);
-  if (it == outboxes_.end() || !nodes_.IsAlive(node_id)) {
-    spdlog::warn("job={} node={} watch refused: unknown node", options_.job_id, node_id);
-    return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
-  }
-  Outbox& ob = *it->second;
-  bool replaced = ob.watcher_active;
-  if (ob.sink != nullptr) EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id)));
-  ++ob.generation;
-  ob.watcher_active = true;
-  ob.disconnected_since.reset();
-  ob.awaiting_reconnect = false;
-  ob.final_sent = false;
-  ob.queue.clear();
-  if (ob.current.has_value()) ob.queue.push_back(*ob.current);
-  ob.cv.SignalAll();  // an older stream sees the new generation and ends
-  spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
-               replaced ? " (replaces the older stream)" : "");
-  return WatchHandle{node_id, it->second, ob.generation};
+  return OpenWatch(node_id, nullptr);
 }
 
 absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& node_id,
@@ -1255,6 +1235,7 @@ absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& n
   }
   Outbox& ob = *it->second;
   const bool replaced = ob.watcher_active;
+  // The older stream ends: a sink is told, a NextDecision sees the new generation.
   EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id)));
   ++ob.generation;
   ob.watcher_active = true;
@@ -1263,7 +1244,13 @@ absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& n
   ob.final_sent = false;
   ob.queue.clear();
   ob.sink = std::move(sink);
-  if (ob.current.has_value()) ob.sink->Deliver(*ob.current);
+  if (ob.current.has_value()) {
+    if (ob.sink != nullptr) {
+      ob.sink->Deliver(*ob.current);
+    } else {
+      ob.queue.push_back(*ob.current);
+    }
+  }
   spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
                replaced ? " (replaces the older stream)" : "");
   return WatchHandle{node_id, it->second, ob.generation};

@@ -219,7 +219,8 @@ class JobMaster {
   // any older stream of the node. NOT_FOUND for an unknown node.
   absl::StatusOr<WatchHandle> OpenWatch(const std::string& node_id);
   // The same for a stream that receives its decisions through `sink` (no
-  // NextDecision): the current decision is delivered before this returns.
+  // NextDecision; nullptr: the queue NextDecision reads): the current
+  // decision is delivered before this returns.
   absl::StatusOr<WatchHandle> OpenWatch(const std::string& node_id, std::shared_ptr<DecisionSink> sink);
   // The stream's next decision, or nullopt after timeout_s (real time) without
   // one. An error means the stream must end with it: CANCELLED when a newer

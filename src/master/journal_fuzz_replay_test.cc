@@ -19,19 +19,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 namespace ballast::master {
 namespace {
 
+// The job both the recording and the resuming master run.
+JobMasterOptions FuzzJob(FakeClock* clock, Journal* journal) {
+  JobMasterOptions o;
+  o.job_id = "fuzz";
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.clock = clock;
+  o.journal = journal;
+  return o;
+}
+
 // A job's journal: two nodes, a round, a failure and restart, commits, KV.
 std::string RealJournal(const std::string& dir) {
   FakeClock clock;
   {
     auto journal = Journal::Open(Journal::Options{dir});
     EXPECT_TRUE(journal.ok());
-    JobMasterOptions o;
-    o.job_id = "fuzz";
-    o.min_nodes = 1;
-    o.max_nodes = 2;
-    o.clock = &clock;
-    o.journal = journal->get();
-    JobMaster jm(o);
+    JobMaster jm(FuzzJob(&clock, journal->get()));
     for (const char* id : {"a", "b"}) {
       v1::JoinRequest req;
       req.mutable_node()->set_node_id(id);
@@ -97,12 +102,7 @@ TEST(JournalFuzzReplayTest, MutatedJournalsOpenAndResumeWithoutCrashing) {
     ASSERT_TRUE(journal.ok()) << "mutation " << i << ": " << journal.status();
     if (!(*journal)->recovered()) continue;
     FakeClock clock;
-    JobMasterOptions o;
-    o.job_id = "fuzz";
-    o.min_nodes = 1;
-    o.max_nodes = 2;
-    o.clock = &clock;
-    o.journal = journal->get();
+    const JobMasterOptions o = FuzzJob(&clock, journal->get());
     if (!CheckJournalMatches(o, (*journal)->state()).ok()) continue;
     JobMaster jm(o);
     (void)jm.Status();

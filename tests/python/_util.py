@@ -43,6 +43,22 @@ def random_tensor(shape, dtype, seed=0):
         return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
+def wait_for(what, fn, timeout, interval=0.2):
+    """Polls fn() until it returns something true (returned); raises after timeout s."""
+    import time
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
 def free_port():
     """A TCP port free on loopback now (for MASTER_PORT)."""
     with socket.socket() as s:

@@ -29,7 +29,7 @@ import tempfile
 import time
 import unittest
 
-from _util import free_port
+from _util import free_port, wait_for
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
@@ -40,20 +40,6 @@ from train_events import read_events  # noqa: E402
 
 TOKEN = "crash-test-token"
 STEPS = 110
-
-
-def wait_for(what, fn, timeout, interval=0.1):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError, IndexError) as e:
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 class MasterCrashTest(unittest.TestCase):
