@@ -152,11 +152,24 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
   }
   if (!st.passed().empty() || !st.excluded().empty()) precheck_.enabled = true;
   // Nodes: the round's members first (in rank order, so a re-formed world
-  // keeps their order), then the others. Each gets a fresh heartbeat: it has
-  // a heartbeat timeout to reconnect.
+  // keeps their order), then the others. Each gets two heartbeat timeouts
+  // to reconnect. A member whose loss was recorded but not the round that
+  // followed (a crash between the two) comes back from its member entry: its
+  // agent reconnects, or it times out and is lost again, as it should be.
+  std::vector<v1::NodeInfo> from_members;
+  from_members.reserve(jr.members_size());
   std::vector<const v1::NodeInfo*> order;
   for (const auto& m : jr.members()) {
-    if (auto it = st.nodes().find(m.node_id()); it != st.nodes().end()) order.push_back(&it->second);
+    if (auto it = st.nodes().find(m.node_id()); it != st.nodes().end()) {
+      order.push_back(&it->second);
+      continue;
+    }
+    v1::NodeInfo& n = from_members.emplace_back();
+    n.set_node_id(m.node_id());
+    n.set_node_rank_hint(-1);
+    n.set_local_world_size(m.local_world_size());
+    n.set_host(m.host());
+    order.push_back(&n);
   }
   std::vector<const v1::NodeInfo*> others;
   for (const auto& [id, n] : st.nodes()) {

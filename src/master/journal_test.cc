@@ -327,6 +327,31 @@ TEST_F(JournalRestartTest, NodeThatNeverReconnectsIsLostAfterTwoHeartbeatTimeout
   EXPECT_EQ(st.world_size(), 1);
 }
 
+TEST_F(JournalRestartTest, AMemberLostJustBeforeTheCrashComesBackAndIsLostAgain) {
+  // The crash came between the record of b's loss and the round it made:
+  // the journal's round still lists b. It must not be a member nobody waits
+  // for (the round could never finish): b is known again, and lost again
+  // when it does not come back.
+  JobMasterOptions o = Options();
+  o.min_nodes = 1;
+  RunningJob(o);
+  v1::JournalRecord gone;
+  gone.mutable_node_gone()->set_node_id("b");
+  gone.mutable_node_gone()->set_state("dead");
+  gone.mutable_node_gone()->set_reason("heartbeat timeout");
+  ASSERT_TRUE(journal_->Append(gone, true).ok());
+  Start(o);
+  v1::JobStatus st = jm_->Status();
+  ASSERT_EQ(st.nodes_size(), 2);
+  EXPECT_EQ(st.nodes(1).node_id(), "b");
+  EXPECT_EQ(st.nodes(1).state(), "training");
+  Join("a");
+  Advance(12, {"a"});
+  st = jm_->Status();
+  EXPECT_EQ(st.round(), 2);  // scaled down to a
+  EXPECT_EQ(st.world_size(), 1);
+}
+
 TEST_F(JournalRestartTest, FinishedJobTellsReconnectingAgentsItsEnd) {
   RunningJob(Options());
   for (const char* id : {"a", "b"}) {
