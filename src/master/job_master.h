@@ -368,8 +368,13 @@ class JobMaster {
   // The goodput totals, every kGoodputMarkIntervalS.
   void MaybeRecordGoodput(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kGoodputMarkIntervalS = 2.0;
-  // Rebuilds the job from the journal's state (in the constructor).
+  // Rebuilds the job from the journal's state (in the constructor): the
+  // round and policy, the nodes, the goodput, each node's current decision.
   void Restore(const v1::MasterSnapshot& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreRound(const v1::MasterSnapshot& state, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreNodes(const v1::MasterSnapshot& state, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreGoodput(const v1::MasterSnapshot& state, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreDecisions(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the job's clock starts: now, or (resuming) as long ago as the job began.
   static double StartTime(const JobMasterOptions& options);
   // Ends the open stream of an outbox with `status` (its sink, or wakes its

@@ -128,6 +128,28 @@ void JobMaster::MaybeRecordGoodput(double now) {
 
 void JobMaster::Restore(const v1::MasterSnapshot& st) {
   const double now = clock_->Now();
+  RestoreRound(st, now);
+  RestoreNodes(st, now);
+  KvStore::Answers none;  // no waiters yet
+  for (const auto& [k, v] : st.kv()) (void)kv_.Set(k, v, &none);
+  ckpt_.FromProto(st.ckpt_dirs());
+  failures_.Restore(st.failures(), st.failures_total());
+  for (const auto& h : st.held()) {
+    if (h.report().round() == round_ && state_ == JobState::kRunning) pending_failures_.push_back({h.report(), h.host(), now});
+  }
+  RestoreGoodput(st, now);
+  RestoreDecisions(now);
+  if (finished()) outcome_ = JobOutcome{state_ == JobState::kSucceeded, message_, restart_count_};
+  const std::string note =
+      absl::StrCat("the job master restarted and resumed the job from its journal (", journal_->recovery_note(), "): ",
+                   JobStateName(state_), ", round ", round_, ", ", world_.num_nodes(), " members, ", st.nodes_size(),
+                   " nodes known, restart count ", restart_count_, "; waiting up to ",
+                   absl::SixDigits(2 * options_.heartbeat_timeout_s), " s for their agents to reconnect");
+  spdlog::warn("job={} {}", options_.job_id, note);
+  events_.Append("master_restarted", round_, "", note);
+}
+
+void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
   const v1::JournalRound& jr = st.round();
   round_ = jr.round();
   restart_count_ = jr.restart_count();
@@ -151,6 +173,10 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
     if (t > 0) precheck_.best_times[id] = t;
   }
   if (!st.passed().empty() || !st.excluded().empty()) precheck_.enabled = true;
+}
+
+void JobMaster::RestoreNodes(const v1::MasterSnapshot& st, double now) {
+  const v1::JournalRound& jr = st.round();
   // Nodes: the round's members first (in rank order, so a re-formed world
   // keeps their order), then the others. Each gets two heartbeat timeouts
   // to reconnect. A member whose loss was recorded but not the round that
@@ -195,13 +221,9 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
   for (const auto& [id, n] : st.nodes()) {
     if (world_.Find(id) == nullptr) world_.surplus.push_back(id);
   }
-  KvStore::Answers none;  // no waiters yet
-  for (const auto& [k, v] : st.kv()) (void)kv_.Set(k, v, &none);
-  ckpt_.FromProto(st.ckpt_dirs());
-  failures_.Restore(st.failures(), st.failures_total());
-  for (const auto& h : st.held()) {
-    if (h.report().round() == round_ && state_ == JobState::kRunning) pending_failures_.push_back({h.report(), h.host(), now});
-  }
+}
+
+void JobMaster::RestoreGoodput(const v1::MasterSnapshot& st, double now) {
   // Goodput carries on from the last mark.
   if (st.goodput().seconds_size() == GoodputAccountant::kNumParts) {
     const v1::JournalGoodput& g = st.goodput();
@@ -216,6 +238,9 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
   } else if (state_ == JobState::kRunning) {
     goodput_.RoundStarted(start_time_);
   }
+}
+
+void JobMaster::RestoreDecisions(double now) {
   // Each node's current decision, re-sent when its agent reconnects: the
   // same StartRound it runs (agents ignore a round they already run), a Wait,
   // or the job's end.
@@ -234,14 +259,6 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
     ob->current = std::move(d);
     ob->awaiting_reconnect = true;
   }
-  if (finished()) outcome_ = JobOutcome{state_ == JobState::kSucceeded, message_, restart_count_};
-  const std::string note =
-      absl::StrCat("the job master restarted and resumed the job from its journal (", journal_->recovery_note(), "): ",
-                   JobStateName(state_), ", round ", round_, ", ", world_.num_nodes(), " members, ", st.nodes_size(),
-                   " nodes known, restart count ", restart_count_, "; waiting up to ",
-                   absl::SixDigits(2 * options_.heartbeat_timeout_s), " s for their agents to reconnect");
-  spdlog::warn("job={} {}", options_.job_id, note);
-  events_.Append("master_restarted", round_, "", note);
 }
 
 }  // namespace ballast::master
