@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
@@ -1018,7 +1019,6 @@ absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
     // A round's endpoint is read by the other agents right after: keep it.
     Record(std::move(r), /*sync=*/absl::StartsWith(key, "round/"));
     RETURN_IF_ERROR(kv_.Set(key, std::move(value), &woken));
-    kv_cv_.SignalAll();
   }
   KvStore::RunAnswers(&woken);
   return absl::OkStatus();
@@ -1053,21 +1053,33 @@ void JobMaster::CancelKvWait(uint64_t id) {
 
 absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait_s,
                                              const std::function<bool()>& cancelled) {
-  absl::MutexLock lock(&mu_);
-  absl::Time deadline = absl::Now() + absl::Seconds(std::max(wait_s, 0.0));
-  while (true) {
-    if (const std::string* v = kv_.Find(key); v != nullptr) return *v;
-    if (shutdown_) return absl::UnavailableError("the job master is shutting down");
-    if (wait_s <= 0) return absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
-    if (cancelled && cancelled()) return absl::CancelledError("KvGet cancelled");
-    absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("key ", key, " is not set after waiting ", absl::SixDigits(wait_s), " s"));
+  // A blocking wrapper over KvGetAsync: one waiting mechanism for both.
+  struct Answer {
+    absl::Notification done;
+    absl::StatusOr<std::string> value;
+  };
+  auto answer = std::make_shared<Answer>();
+  const uint64_t id = KvGetAsync(key, wait_s, [answer](absl::StatusOr<std::string> v) {
+    answer->value = std::move(v);
+    answer->done.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(std::max(wait_s, 0.0));
+  bool timed_out = false;
+  while (!answer->done.HasBeenNotified()) {
+    timed_out = absl::Now() >= deadline;
+    if (timed_out || (cancelled && cancelled())) {
+      CancelKvWait(id);  // answers CANCELLED unless the value came first
+      break;
     }
     // Short slices so a cancelled RPC is noticed without a signal.
-    kv_cv_.WaitWithTimeout(&mu_, std::min(deadline - now, absl::Milliseconds(100)));
+    answer->done.WaitForNotificationWithTimeout(std::min(deadline - absl::Now(), absl::Milliseconds(100)));
   }
+  answer->done.WaitForNotification();
+  if (timed_out && absl::IsCancelled(answer->value.status())) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("key ", key, " is not set after waiting ", absl::SixDigits(wait_s), " s"));
+  }
+  return std::move(answer->value);
 }
 
 v1::JobStatus JobMaster::Status() const {
@@ -1308,41 +1320,41 @@ bool JobMaster::AllFinalDecisionsSent() const {
 
 void JobMaster::Tick() {
   LostList lost;
-  KvStore::Answers expired;
+  KvStore::Answers expired;  // answered after the lock, like the lost-node callbacks
   {
     absl::MutexLock lock(&mu_);
     kv_.TakeExpired(absl::Now(), &expired);
+    if (!shutdown_ && !finished()) TickLocked(&lost);
   }
   KvStore::RunAnswers(&expired);
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutdown_ || finished()) return;
-    double now = clock_->Now();
-    FlushProgress(now);
-    WarnNewStragglers(now);
-    std::vector<std::string> silent = nodes_.SilentNodes();
-    if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, &lost);
-    if (options_.disconnect_grace_s > 0) {
-      std::vector<std::string> gone;
-      for (const auto& [id, ob] : outboxes_) {
-        if (ob->disconnected_since.has_value() &&
-            now - *ob->disconnected_since >= options_.disconnect_grace_s) {
-          gone.push_back(id);
-        }
-      }
-      if (!gone.empty()) {
-        LoseNodes(gone, NodeState::kDead,
-                  absl::StrCat("agent disconnected: its decision stream closed and it did not "
-                               "reconnect within ",
-                               options_.disconnect_grace_s, " s"),
-                  now, &lost);
+  NotifyLost(lost);
+}
+
+void JobMaster::TickLocked(LostList* lost) {
+  double now = clock_->Now();
+  FlushProgress(now);
+  WarnNewStragglers(now);
+  std::vector<std::string> silent = nodes_.SilentNodes();
+  if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, lost);
+  if (options_.disconnect_grace_s > 0) {
+    std::vector<std::string> gone;
+    for (const auto& [id, ob] : outboxes_) {
+      if (ob->disconnected_since.has_value() &&
+          now - *ob->disconnected_since >= options_.disconnect_grace_s) {
+        gone.push_back(id);
       }
     }
-    DecidePendingFailures(now);
-    Evaluate(now);
-    MaybeRecordGoodput(now);
+    if (!gone.empty()) {
+      LoseNodes(gone, NodeState::kDead,
+                absl::StrCat("agent disconnected: its decision stream closed and it did not "
+                             "reconnect within ",
+                             options_.disconnect_grace_s, " s"),
+                now, lost);
+    }
   }
-  NotifyLost(lost);
+  DecidePendingFailures(now);
+  Evaluate(now);
+  MaybeRecordGoodput(now);
 }
 
 std::optional<JobOutcome> JobMaster::outcome() const {
@@ -1368,7 +1380,6 @@ void JobMaster::Shutdown() {
     shutdown_ = true;
     events_.Close();
     for (auto& [id, ob] : outboxes_) EndStream(ob.get(), absl::UnavailableError("the job master is shutting down"));
-    kv_cv_.SignalAll();
     finished_cv_.SignalAll();
     kv_.TakeAll(absl::UnavailableError("the job master is shutting down"), &done);
   }

@@ -122,7 +122,7 @@ struct JobMasterOptions {
 
 // Whether options (from flags) may resume the job a journal holds:
 // kFailedPrecondition naming the difference (another job id, --nnodes, ...).
-absl::Status CheckJournalMatches(const JobMasterOptions& options, const v1::MasterSnapshot& state);
+absl::Status CheckJournalMatches(const JobMasterOptions& options, const v1::JournalJob& job);
 
 // kInvalidArgument with a message that says what to fix, or OK.
 absl::Status ValidateJobMasterOptions(const JobMasterOptions& options);
@@ -282,6 +282,9 @@ class JobMaster {
   // Logs a node once when it turns into a straggler (at most once a second).
   void WarnNewStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStragglerCheckIntervalS = 1.0;
+  // Tick's work on the job state (timeouts, held failures, rounds); the lost
+  // nodes' callbacks run after the lock.
+  void TickLocked(LostList* lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NnodesText() const;
   v1::JoinResponse JoinAnswer() const;
 
@@ -426,7 +429,6 @@ class JobMaster {
   std::optional<JobOutcome> outcome_ ABSL_GUARDED_BY(mu_);
   absl::CondVar finished_cv_;
   KvStore kv_ ABSL_GUARDED_BY(mu_);  // its waiters' answers run after the lock is released
-  absl::CondVar kv_cv_;               // the blocking KvGet's
   std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
   CkptCommitTracker ckpt_ ABSL_GUARDED_BY(mu_);  // flash checkpoint commits
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -16,11 +16,11 @@ double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())
 
 }  // namespace
 
-absl::Status CheckJournalMatches(const JobMasterOptions& o, const v1::MasterSnapshot& state) {
-  const v1::JobSpec& spec = state.job().spec();
+absl::Status CheckJournalMatches(const JobMasterOptions& o, const v1::JournalJob& job) {
+  const v1::JobSpec& spec = job.spec();
   std::vector<std::string> diffs;
-  if (!o.job_id.empty() && o.job_id != state.job().job_id()) {
-    diffs.push_back(absl::StrCat("job id ", o.job_id, " (the journal's is ", state.job().job_id(), ")"));
+  if (!o.job_id.empty() && o.job_id != job.job_id()) {
+    diffs.push_back(absl::StrCat("job id ", o.job_id, " (the journal's is ", job.job_id(), ")"));
   }
   if (o.min_nodes != spec.min_nodes() || o.max_nodes != spec.max_nodes()) {
     diffs.push_back(absl::StrCat("--nnodes ", o.min_nodes, ":", o.max_nodes, " (the journal's is ", spec.min_nodes(),
@@ -34,7 +34,7 @@ absl::Status CheckJournalMatches(const JobMasterOptions& o, const v1::MasterSnap
   }
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "the journal holds job ", state.job().job_id(), " but this master was started with ", absl::StrJoin(diffs, ", "),
+      "the journal holds job ", job.job_id(), " but this master was started with ", absl::StrJoin(diffs, ", "),
       ": restart it with the job's own settings to resume it, or give a new --journal directory for a new job"));
 }
 
@@ -42,7 +42,7 @@ double JobMaster::StartTime(const JobMasterOptions& o) {
   const double now = o.clock->Now();
   if (o.journal == nullptr || !o.journal->recovered()) return now;
   // The job's age by the wall clock (this clock starts anew in a new process).
-  return now - std::max(0.0, UnixNow() - o.journal->state().job().start_unix_s());
+  return now - std::max(0.0, UnixNow() - o.journal->job().start_unix_s());
 }
 
 void JobMaster::Record(v1::JournalRecord record, bool sync) const {
@@ -84,7 +84,7 @@ void JobMaster::RecordPort(int port) {
   absl::MutexLock lock(&mu_);
   if (journal_ == nullptr) return;
   v1::JournalRecord r;
-  *r.mutable_job() = journal_->state().job();
+  *r.mutable_job() = journal_->job();
   if (r.job().port() == port) return;
   r.mutable_job()->set_port(port);
   Record(std::move(r), /*sync=*/true);

@@ -81,8 +81,10 @@ class Journal {
 
   // The job it holds (state().has_job()): the master resumes it.
   bool recovered() const { return recovered_; }
-  // The state as of the last record, checkpoint dirs included.
+  // The state as of the last record, checkpoint dirs included (a copy).
   v1::MasterSnapshot state() const;
+  // Its job record alone, without copying the state.
+  const v1::JournalJob& job() const { return state_.job(); }
   // What recovery did, for the master's log ("replayed 1234 records ...").
   const std::string& recovery_note() const { return recovery_note_; }
   const std::string& dir() const { return options_.dir; }

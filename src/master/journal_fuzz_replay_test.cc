@@ -103,7 +103,7 @@ TEST(JournalFuzzReplayTest, MutatedJournalsOpenAndResumeWithoutCrashing) {
     if (!(*journal)->recovered()) continue;
     FakeClock clock;
     const JobMasterOptions o = FuzzJob(&clock, journal->get());
-    if (!CheckJournalMatches(o, (*journal)->state()).ok()) continue;
+    if (!CheckJournalMatches(o, (*journal)->job()).ok()) continue;
     JobMaster jm(o);
     (void)jm.Status();
     clock.Advance(20);

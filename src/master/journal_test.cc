@@ -390,11 +390,11 @@ TEST_F(JournalRestartTest, OtherSettingsAreRefusedNamingTheDifference) {
   RunningJob(Options());
   JobMasterOptions o = Options();
   o.max_nodes = 3;
-  absl::Status s = CheckJournalMatches(o, journal_->state());
+  absl::Status s = CheckJournalMatches(o, journal_->job());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("--nnodes 2:3 (the journal's is 2:2)"));
   EXPECT_THAT(s.message(), HasSubstr("new --journal directory"));
-  EXPECT_TRUE(CheckJournalMatches(Options(), journal_->state()).ok());
+  EXPECT_TRUE(CheckJournalMatches(Options(), journal_->job()).ok());
 }
 
 }  // namespace

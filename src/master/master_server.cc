@@ -94,14 +94,14 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   if (!options.journal_dir.empty()) {
     ASSIGN_OR_RETURN(journal, Journal::Open(Journal::Options{options.journal_dir}));
     if (journal->recovered()) {
-      const v1::MasterSnapshot state = journal->state();
-      if (options.job_id.empty()) jo.job_id = state.job().job_id();
-      RETURN_IF_ERROR(CheckJournalMatches(jo, state));
-      if (port == 0) port = state.job().port();
-      if (port != state.job().port()) {
+      const v1::JournalJob& job = journal->job();
+      if (options.job_id.empty()) jo.job_id = job.job_id();
+      RETURN_IF_ERROR(CheckJournalMatches(jo, job));
+      if (port == 0) port = job.port();
+      if (port != job.port()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "the journal's job was served on port ", state.job().port(), ", not --port ", port,
-            ": its agents reconnect to that port; drop --port or pass --port ", state.job().port()));
+            "the journal's job was served on port ", job.port(), ", not --port ", port,
+            ": its agents reconnect to that port; drop --port or pass --port ", job.port()));
       }
     }
     spdlog::info("job={} journal {}: {}", jo.job_id, options.journal_dir, journal->recovery_note());
