@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries test unit integration kubernetes demo install bench clean
+.PHONY: all deps configure build k8s-binaries test unit integration kubernetes slurm demo install bench clean
 
 all: build
 
@@ -37,6 +37,9 @@ integration: build k8s-binaries
 
 kubernetes: build k8s-binaries
 	cd $(BUILD_DIR) && ctest --output-on-failure -L kubernetes $(CTEST_ARGS)
+
+slurm: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L slurm $(CTEST_ARGS)
 
 demo: build
 	BALLAST_BIN=$(BUILD_DIR)/bin/ballast /usr/bin/python3 examples/demo.py

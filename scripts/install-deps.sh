@@ -14,6 +14,10 @@ PKGS=(
   prometheus chromium
   # `ballast simulate --png` draws its chart with matplotlib.
   python3-matplotlib
+  # Test infrastructure for the Slurm backend tests: a real multi-node Slurm
+  # (slurmctld + one slurmd per network namespace, munge auth) built by
+  # tests/slurm/slurm_cluster.py.
+  slurmctld slurmd slurm-client munge
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -606,7 +606,9 @@ class Checkpointer:
         Memory is used when its step is the newest step that every rank holds
         (ranks agree through torch.distributed when it is initialized) and was
         saved by this rank in this world size; otherwise the latest complete
-        step on disk. ``last_load_source`` says which ("memory", "replica":
+        step on disk, which a rank still holding that step in its own memory
+        (a survivor, beside a replacement that reads the disk) reads from
+        memory. ``last_load_source`` says which ("memory", "replica":
         memory that the agent of a replacement node copied in from a peer
         node's replica, or "disk").
         Tensors come back on the CPU (or ``device``) and never alias the
@@ -702,6 +704,21 @@ class Checkpointer:
                     f"{disk_max}: every rank must see the same checkpoint directory")
             self.last_load_source = None
             return None, None
+        # Every rank loads the newest step on disk. A rank that still holds
+        # that very step in its own memory (a survivor of a lost node) reads
+        # it from there: the same bytes, without the disk read; the others
+        # (the replacement) read the disk. A corrupt image falls back to disk:
+        # the step stays the same either way.
+        if disk_min == disk_max:
+            img, held_step = self._memory_image(disk_min, rank, world, shards)
+            if img is not None and held_step == disk_min:
+                try:
+                    state = img.materialize(device, shards_as_tensors=set(shards), verify=self.verify, into=targets)
+                    self.last_load_source = "memory"
+                    return disk_min, state
+                except CheckpointCorruptError as e:
+                    warnings.warn(f"ignoring the in-memory checkpoint: {e}; reading step {disk_min} from disk")
+            del img
         state = self._load_disk(disk_min, rank, device, shards, targets)
         self.last_load_source = "disk"
         return disk_min, state

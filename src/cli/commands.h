@@ -12,6 +12,7 @@ using Args = std::vector<std::string>;
 int RunCommand(const Args& args);     // ballast run: the agent (torchrun drop-in)
 int MasterCommand(const Args& args);  // ballast master: a job master for hand-started agents
 int LaunchCommand(const Args& args);  // ballast launch: master + N local agents
+int SlurmCommand(const Args& args);   // ballast slurm: master + one agent step per node of a Slurm allocation
 int StatusCommand(const Args& args);  // ballast status: print a job's state
 int CkptCommand(const Args& args);    // ballast ckpt: ls/inspect/verify/export checkpoints
 int OperatorCommand(const Args& args);  // ballast operator: the ElasticJob controller (Kubernetes)

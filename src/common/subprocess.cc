@@ -1,12 +1,14 @@
 #include "common/subprocess.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <chrono>
@@ -282,6 +284,65 @@ ExitStatus Subprocess::Terminate(double grace_s) {
   Signal(SIGKILL);
   Wait(-1);
   return status_.value_or(ExitStatus{});
+}
+
+std::string CommandResult::LastLine() const {
+  std::string tail = err.empty() ? out : err;
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+  if (const size_t nl = tail.rfind('\n'); nl != std::string::npos) tail = tail.substr(nl + 1);
+  return tail;
+}
+
+std::string CommandResult::Describe(const std::string& what) const {
+  const std::string tail = LastLine();
+  return absl::StrCat(what, " failed (", status.Describe(), ")", tail.empty() ? "" : ": ", tail);
+}
+
+absl::StatusOr<CommandResult> RunCapture(const std::vector<std::string>& argv, double timeout_s,
+                                         const std::map<std::string, std::string>& extra_env) {
+  SpawnOptions so;
+  so.argv = argv;
+  so.env = CurrentEnvironment();
+  for (const auto& [k, v] : extra_env) so.env[k] = v;
+  so.pipe_stdout = true;
+  so.pipe_stderr = true;
+  auto proc = Subprocess::Spawn(so);
+  if (!proc.ok()) return proc.status();
+  CommandResult r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  pollfd fds[2] = {{proc->stdout_fd(), POLLIN, 0}, {proc->stderr_fd(), POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  char buf[4096];
+  while (open_fds > 0) {
+    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      proc->Terminate(0);
+      return absl::DeadlineExceededError(
+          absl::StrCat("`", argv.empty() ? "" : argv[0], "` did not finish within ", timeout_s, " s"));
+    }
+    const int n = ::poll(fds, 2, static_cast<int>(left * 1000) + 1);
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+      if (got > 0) {
+        sinks[i]->append(buf, static_cast<size_t>(got));
+      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        fds[i].fd = -1;  // closed; the Subprocess owns and closes it
+        --open_fds;
+      }
+    }
+  }
+  const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+  std::optional<ExitStatus> st = proc->Wait(std::max(left, 0.0));
+  if (!st.has_value()) {
+    proc->Terminate(0);
+    return absl::DeadlineExceededError(
+        absl::StrCat("`", argv.empty() ? "" : argv[0], "` did not finish within ", timeout_s, " s"));
+  }
+  r.status = *st;
+  return r;
 }
 
 }  // namespace ballast

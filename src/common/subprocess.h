@@ -91,6 +91,25 @@ class Subprocess {
   std::optional<ExitStatus> status_;
 };
 
+// What a short command printed and how it ended (RunCapture).
+struct CommandResult {
+  ExitStatus status;
+  std::string out;  // stdout
+  std::string err;  // stderr
+  bool ok() const { return status.ok(); }
+  // The last line it printed on stderr (stdout when stderr is empty).
+  std::string LastLine() const;
+  // "`argv0` failed (exit code 1): <stderr's last line>"
+  std::string Describe(const std::string& what) const;
+};
+
+// Runs argv (looked up on PATH) with the current environment plus `extra_env`
+// to its end, capturing stdout and stderr. The command is killed (SIGKILL to
+// its group) after timeout_s; kDeadlineExceeded then, kNotFound-like errors
+// when it cannot be started. Blocks the calling thread.
+absl::StatusOr<CommandResult> RunCapture(const std::vector<std::string>& argv, double timeout_s,
+                                         const std::map<std::string, std::string>& extra_env = {});
+
 // Decodes a waitpid status.
 ExitStatus DecodeWaitStatus(int wstatus);
 // "SIGKILL" for 9; "signal 77" for unknown ones.

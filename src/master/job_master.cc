@@ -267,11 +267,20 @@ std::string JobMaster::SurplusReason() const {
                       "); this node waits for the next round");
 }
 
+bool JobMaster::WaitingForStartingNodes(double now) const {
+  return round_ == 0 && options_.expected_nodes > rdzv_.size() && rdzv_.size() >= options_.max_nodes &&
+         now < rdzv_.last_join_time() + options_.last_call_s;
+}
+
 std::string JobMaster::RendezvousWaitReason(double now) const {
   std::string reason =
       absl::StrCat("waiting for nodes: ", rdzv_.size(), " joined (--nnodes ", NnodesText(),
                    ", node unit ", options_.node_unit, ")");
-  if (auto s = rdzv_.SecondsUntilReady(now); s.has_value()) {
+  if (WaitingForStartingNodes(now)) {
+    absl::StrAppend(&reason, "; the round starts in ",
+                    absl::SixDigits(rdzv_.last_join_time() + options_.last_call_s - now), " s unless the other ",
+                    options_.expected_nodes - rdzv_.size(), " starting node(s) (spares) join first");
+  } else if (auto s = rdzv_.SecondsUntilReady(now); s.has_value()) {
     if (*s <= 0) {
       absl::StrAppend(&reason, "; the round starts now");
     } else {
@@ -358,6 +367,7 @@ v1::Decision JobMaster::MakeStartRound(const MemberAssignment& m, const World& w
 void JobMaster::Evaluate(double now) {
   if (finished() || shutdown_) return;
   if (state_ == JobState::kRendezvous) {
+    if (WaitingForStartingNodes(now)) return;
     if (PrecheckGate(now)) return;  // the pre-flight check holds the round back
     if (rdzv_.Ready(now)) {
       std::optional<World> world = rdzv_.Form();
@@ -1100,8 +1110,12 @@ v1::JobStatus JobMaster::Status() const {
     ns->set_node_id(rec.spec.node_id);
     ns->set_host(rec.spec.host);
     const std::string& id = rec.spec.node_id;
+    // A node waiting outside a running world is a hot spare: it takes the
+    // place of the next node lost.
+    const bool spare = state_ == JobState::kRunning && rec.state == NodeState::kWaiting && !IsMember(id);
     ns->set_state(precheck_.excluded.count(id) > 0 ? std::string("excluded")
                   : InRunningCheck(id)             ? std::string("checking")
+                  : spare                          ? std::string("spare")
                                                    : std::string(NodeStateName(rec.state)));
     ns->set_group_rank(rec.group_rank);
     ns->set_local_world_size(rec.spec.local_world_size);

@@ -72,6 +72,11 @@ struct JobMasterOptions {
   std::string job_id;  // also the TORCHELASTIC_RUN_ID
   int min_nodes = 1;
   int max_nodes = 1;
+  // Nodes the scheduler starts at once (MAX + hot spares; 0: max_nodes). The
+  // first round, and its pre-flight check, wait up to last_call_s after the
+  // last join for all of them: spares are checked with the rest, and the
+  // lowest node ranks train while the spares wait.
+  int expected_nodes = 0;
   int node_unit = 1;
   int max_restarts = 3;
   double last_call_s = 1.0;
@@ -294,6 +299,9 @@ class JobMaster {
   void PushWait(const std::string& node_id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SurplusReason() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before the first round: MAX joined, but not every node the scheduler
+  // started (expected_nodes), and the last call since the last join runs.
+  bool WaitingForStartingNodes(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string RendezvousWaitReason(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Starts the next round with `world`: StartRound to members, Wait to the rest.

@@ -608,6 +608,45 @@ TEST_F(JobMasterTest, SurplusNodeGetsWait) {
   EXPECT_TRUE(Drain("c").empty());
 }
 
+// With hot spares (expected_nodes > MAX) the first round waits briefly for
+// every node the scheduler started: the lowest node ranks train, the highest
+// wait as spares (and would be pre-checked with the rest).
+TEST_F(JobMasterTest, FirstRoundWaitsForTheStartingSparesThenLowestRanksTrain) {
+  JobMasterOptions o = Options(2, 2);
+  o.expected_nodes = 3;
+  Make(o);
+  Add("spare", /*hint=*/2);
+  Add("b", /*hint=*/1);
+  EXPECT_EQ(jm_->Status().round(), 0);  // MAX (2) joined, but only 2 of the 3 started nodes
+  Add("a", /*hint=*/0);
+  ASSERT_EQ(jm_->Status().round(), 1);  // all 3 started nodes joined: at once
+  EXPECT_EQ(Last("a").start_round().group_rank(), 0);
+  EXPECT_EQ(Last("b").start_round().group_rank(), 1);
+  EXPECT_THAT(Last("spare").wait().reason(), HasSubstr("surplus node"));
+  v1::JobStatus st = jm_->Status();
+  std::map<std::string, std::string> states;
+  for (const auto& n : st.nodes()) states[n.node_id()] = n.state();
+  EXPECT_EQ(states["spare"], "spare");
+}
+
+TEST_F(JobMasterTest, FirstRoundWaitsForSparesOnlyForTheLastCall) {
+  JobMasterOptions o = Options(2, 2);
+  o.expected_nodes = 3;
+  Make(o);
+  Add("a", 0);
+  Add("b", 1);
+  EXPECT_EQ(jm_->Status().round(), 0);
+  EXPECT_THAT(Last("b").wait().reason(), HasSubstr("unless the other 1 starting node(s) (spares) join first"));
+  Advance(2.5);  // last call (2 s) after the last join: the spare is late
+  ASSERT_EQ(jm_->Status().round(), 1);
+  // Later rounds do not wait for spares: a lost member is replaced at once.
+  Add("c", 2);
+  v1::LeaveRequest leave;
+  leave.set_node_id("a");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  EXPECT_EQ(jm_->Status().round(), 2);
+}
+
 TEST_F(JobMasterTest, NodeUnitKeepsLateNodeWaitingUntilAUnitIsComplete) {
   Make(Options(2, 4, /*node_unit=*/2));
   Add("a");

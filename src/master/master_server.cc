@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   jo.job_id = options.job_id.empty() ? absl::StrCat("ballast-", RandomHex(6)) : options.job_id;
   jo.min_nodes = options.min_nodes;
   jo.max_nodes = options.max_nodes;
+  jo.expected_nodes = options.expected_nodes;
   jo.node_unit = options.node_unit;
   jo.max_restarts = options.max_restarts;
   jo.last_call_s = options.last_call_s >= 0 ? options.last_call_s : tunables.last_call_s;

@@ -43,6 +43,7 @@ struct MasterOptions {
   std::string job_id;                 // TORCHELASTIC_RUN_ID; "" = random
   int min_nodes = 1;
   int max_nodes = 1;
+  int expected_nodes = 0;  // JobMasterOptions::expected_nodes
   int node_unit = 1;
   int max_restarts = 3;
   // Defaults (negative) come from Tunables (common/tunables.h).

@@ -20,7 +20,7 @@ void NodeManager::Event(const std::string& reason, const std::string& message, b
 std::string NodeManager::Describe(const std::string& name) const {
   auto r = rank_of_.find(name);
   auto h = hosts_.find(name);
-  std::string where = h == hosts_.end() || h->second.empty() ? "" : absl::StrCat(", host ", h->second);
+  std::string where = h == hosts_.end() || h->second.empty() || h->second == name ? "" : absl::StrCat(", host ", h->second);
   if (r == rank_of_.end()) return name;
   return absl::StrCat(name, " (node rank ", r->second, where, ")");
 }

@@ -30,7 +30,8 @@ load()                                                  # both hold 3 -> memory
 if rank == 0:
     ckpt.save(4, {"v": torch.tensor(40)})               # rank 0 holds 3 and 4,
     ckpt.save(5, {"v": torch.tensor(50)})               # then 4 and 5: no step in common
-load()                                                  # -> disk step 1
+load()                                                  # -> step 1: rank 0 from disk, rank 1
+                                                        #    from memory (its other slot)
 json.dump(log, open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w"))
 dist.destroy_process_group()
 """
@@ -56,7 +57,7 @@ class Distributed(TestCase):
                 [1, "memory", 10 + rank],
                 [1, "memory", 10 + rank],
                 [3, "memory", 30 + rank],
-                [1, "disk", 10 + rank],
+                [1, "disk" if rank == 0 else "memory", 10 + rank],
             ])
 
 

@@ -1,6 +1,7 @@
 """Checkpointer.load(into=...): the checkpoint lands in the caller's existing
 tensors (no allocation), from memory and from disk, verified on the way."""
 import os
+import struct
 import unittest
 
 import torch
@@ -67,10 +68,13 @@ class LoadInto(TestCase):
         ckpt.save(5, {"w": torch.full((1 << 18,), 7.0)}, persist=True)
         ckpt.wait()
         ckpt.save(6, {"w": torch.full((1 << 18,), 9.0)})  # newer, memory only
-        snap = ckpt._store.restore(verify=False)
-        self.assertEqual(snap.step, 6)
-        _flip_a_data_byte(snap.source)
-        del snap
+        # Both memory slots corrupt (6, and 5, which an intact memory would
+        # serve in place of the disk's copy of step 5).
+        for want, value in ((6, 9.0), (5, 7.0)):
+            snap = ckpt._store.restore(step=want, verify=False)
+            self.assertEqual(snap.step, want)
+            _flip_a_data_byte(snap.source, value)
+            del snap
         target = torch.zeros(1 << 18)
         with self.assertWarnsRegex(UserWarning, "corrupt"):
             step, state = ckpt.load(into={"w": target})
@@ -80,14 +84,14 @@ class LoadInto(TestCase):
         self.assertTrue(bool((target == 7.0).all()))
 
 
-def _flip_a_data_byte(source):
-    """Flips one byte of the 9.0 tensor in the shared-memory slot `source` ("shm:/name.sN"): bit rot."""
+def _flip_a_data_byte(source, value):
+    """Flips one byte of the tensor full of `value` in the shared-memory slot `source` ("shm:/name.sN"): bit rot."""
     path = "/dev/shm" + source[len("shm:"):]
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         data = f.read()
-        # The entry's bytes hold 9.0f = 0x41100000: flip one of them somewhere in the middle.
-        pos = data.find(b"\x00\x00\x10\x41" * 64, size // 4)
+        # The entry's bytes hold the float32 value: flip one of them somewhere in the middle.
+        pos = data.find(struct.pack("<f", value) * 64, size // 4)
         assert pos > 0, "entry bytes not found"
         f.seek(pos + 1)
         f.write(b"\xff")

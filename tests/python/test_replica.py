@@ -108,13 +108,16 @@ class PeerReplicas(TestCase):
         self.assertEqual(self.final_hashes(out), self.final_hashes(ref_out))
         self.assertEqual(len(self.final_hashes(out)), 4)
 
-    def test_without_replicas_the_whole_world_loads_from_disk(self):
+    def test_without_replicas_survivors_read_memory_and_the_replacement_disk(self):
         out = os.path.join(self.tmp, "norep")
         log = self.launch(out, "--ckpt-replicas", "0")
         self.assertNotIn("copied from the replica", log)
+        # Node rank 1 (ranks 2, 3) was lost: its replacement reads the newest
+        # step on disk; the survivors hold that step in memory and read it there.
         for rank in range(WORLD):
             loads = events(out, rank, "load")
-            self.assertEqual(loads[-1]["source"], "disk", f"rank {rank}: {loads}")
+            self.assertEqual(loads[-1]["source"], "disk" if rank in (2, 3) else "memory", f"rank {rank}: {loads}")
+            self.assertEqual(loads[-1]["step"], KILL_STEP, f"rank {rank}: {loads}")
         self.assertEqual(len(self.final_hashes(out)), WORLD)
 
 

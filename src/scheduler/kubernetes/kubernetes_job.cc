@@ -223,6 +223,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   mo.job_id = job->name;
   mo.min_nodes = job->min_nodes;
   mo.max_nodes = job->max_nodes;
+  mo.expected_nodes = job->max_nodes + job->spares;
   mo.node_unit = job->node_unit;
   mo.max_restarts = job->max_restarts;
   mo.precheck = job->network_check;

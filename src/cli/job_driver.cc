@@ -1,0 +1,198 @@
+#include "cli/job_driver.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "common/chaos.h"
+#include "common/net.h"
+#include "common/subprocess.h"
+#include "common/tunables.h"
+#include "master/goodput.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::cli {
+
+void AddJobFlags(CLI::App& app, JobFlags* f) {
+  app.add_option("--nodes,--nnodes", f->nodes, "Nodes the job trains on: N or MIN:MAX")->required();
+  app.add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node, "Workers per node")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-restarts,--max_restarts", f->max_restarts, "Worker-failure restarts before the job fails")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--node-unit,--node_unit", f->node_unit, "The world's node count is a multiple of this")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-replacements,--max_replacements", f->max_replacements,
+                 "Lost nodes replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)");
+  app.add_option("--port", f->port, "Master port (0: any free port)");
+  f->http.Add(app);
+  app.add_flag("--network-check,--network_check", f->network_check,
+               "Pre-flight check before training: nodes run matmul + allreduce in pairs; faulty ones are replaced");
+  app.add_flag("--exclude-stragglers,--exclude_stragglers", f->exclude_stragglers,
+               "With --network-check: also replace nodes slower than 2x the median");
+  app.add_option("--chaos", f->chaos,
+                 absl::StrCat("Fault injection (BALLAST_CHAOS; faults hit the first agent of a node rank unless they "
+                              "name an incarnation): ",
+                              ChaosKindsHelp()));
+  app.add_option("--token", f->token, "Job token (default: $BALLAST_TOKEN, else random)");
+  f->tls.Add(app, /*server=*/true);
+  app.add_option("--python", f->python, "Interpreter for the workers")->capture_default_str();
+  app.add_flag("-m,--module", f->module, "Run the script as a Python module (python -m)");
+  app.add_flag("--no-python,--no_python", f->no_python, "Run the script as a program, not with Python");
+  app.add_option("--log-dir,--log_dir", f->log_dir, "Directory for worker logs");
+  app.add_option("-t,--tee", f->tee, "Tee worker output to the log files (torchrun's -t)");
+  app.add_option("-r,--redirects", f->redirects, "Redirect worker output to the log files (torchrun's -r)");
+  app.add_option("--role", f->role, "Worker role name");
+  app.add_option("--hang-timeout,--hang_timeout", f->hang_timeout_s,
+                 "Restart workers whose ballast.step() progress stops for this many seconds (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ckpt-replicas,--ckpt_replicas", f->ckpt_replicas,
+                 "Copy each rank's newest flash checkpoint step to the next K nodes' memory (0: off)")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
+  app.prefix_command();  // everything from the script on belongs to the script
+}
+
+int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
+  f->script_and_args = app.remaining();
+  if (f->script_and_args.empty()) {
+    std::fprintf(stderr, "ballast %s: no training script given: ballast %s --nodes 2 --nproc-per-node 2 train.py [args]\n",
+                 cmd, cmd);
+    return kUsageExit;
+  }
+  if (!f->script_and_args[0].empty() && f->script_and_args[0][0] == '-') {
+    std::fprintf(stderr, "ballast %s: unknown flag %s; see `ballast %s --help`\n", cmd, f->script_and_args[0].c_str(),
+                 cmd);
+    return kUsageExit;
+  }
+  auto range = ParseNodeRange(f->nodes, "--nodes");
+  if (!range.ok()) {
+    std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(range.status().message()).c_str());
+    return kUsageExit;
+  }
+  f->range = *range;
+  if (f->max_replacements < 0) f->max_replacements = Tunables::Get().max_node_replacements;
+  if (auto chaos = ParseChaosSpec(f->chaos); !chaos.ok()) {
+    std::fprintf(stderr, "ballast %s: --chaos: %s\n", cmd, std::string(chaos.status().message()).c_str());
+    return kUsageExit;
+  }
+  if (f->exclude_stragglers && !f->network_check) {
+    std::fprintf(stderr, "ballast %s: --exclude-stragglers needs --network-check (stragglers are found by the check)\n",
+                 cmd);
+    return kUsageExit;
+  }
+  return -1;
+}
+
+std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_endpoint, int node_rank) {
+  std::vector<std::string> argv = {SelfExePath(), "run", "--rdzv-endpoint", master_endpoint, "--nnodes", f.nodes,
+                                   "--nproc-per-node", std::to_string(f.nproc_per_node),
+                                   "--node-rank", std::to_string(node_rank), "--python", f.python};
+  // TLS: the agents verify the master with its CA (or its own certificate,
+  // when self-signed) and present the same certificate for mutual TLS.
+  if (const TlsFiles tls = f.tls.Get(); tls.on()) {
+    argv.insert(argv.end(), {"--tls-ca", tls.ca.empty() ? tls.cert : tls.ca});
+    if (!tls.cert.empty()) argv.insert(argv.end(), {"--tls-cert", tls.cert, "--tls-key", tls.key});
+  }
+  if (f.module) argv.push_back("--module");
+  if (f.no_python) argv.push_back("--no-python");
+  if (f.network_check) argv.push_back("--network-check");
+  if (f.exclude_stragglers) argv.push_back("--exclude-stragglers");
+  if (!f.log_dir.empty()) argv.insert(argv.end(), {"--log-dir", f.log_dir});
+  if (!f.tee.empty()) argv.insert(argv.end(), {"--tee", f.tee});
+  if (!f.redirects.empty()) argv.insert(argv.end(), {"--redirects", f.redirects});
+  if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
+  if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
+  if (f.ckpt_replicas != 1) argv.insert(argv.end(), {"--ckpt-replicas", std::to_string(f.ckpt_replicas)});
+  argv.insert(argv.end(), f.script_and_args.begin(), f.script_and_args.end());
+  return argv;
+}
+
+scheduler::LocalCommand AgentCommand(const JobFlags& f, const master::MasterServer& m,
+                                     const scheduler::NodeRequest& r) {
+  scheduler::LocalCommand cmd{AgentArgv(f, m.address(), r.node_rank), {{"BALLAST_TOKEN", m.token()}}};
+  // Chaos faults hit the agent of a node rank whose incarnation they name
+  // (the first by default): a replacement is a healthy node unless a fault
+  // names its incarnation.
+  if (!f.chaos.empty()) {
+    cmd.env[kChaosEnv] = f.chaos;
+    cmd.env[kChaosIncarnationEnv] = std::to_string(r.incarnation);
+  }
+  return cmd;
+}
+
+master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler::NodeManager*>* node_manager) {
+  master::MasterOptions mopts;
+  mopts.port = f.port;
+  f.http.Apply(&mopts);
+  mopts.tls = f.tls.Get();
+  mopts.token = TokenFromFlagOrEnv(f.token);
+  if (mopts.token.empty()) mopts.token = RandomHex(16);
+  mopts.min_nodes = f.range.min;
+  mopts.max_nodes = f.range.max;
+  mopts.node_unit = f.node_unit;
+  mopts.max_restarts = f.max_restarts;
+  // The master tells the node manager (created once the master's address is
+  // known, before any agent starts) which nodes it lost or excluded.
+  scheduler::NodeCallbacks forward = scheduler::ForwardTo(node_manager);
+  mopts.on_node_lost = forward.lost;
+  mopts.on_node_excluded = forward.excluded;
+  return mopts;
+}
+
+int DriveJob(master::MasterServer& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
+             const JobFlags& f, const std::atomic<int>& signal, const DriveOptions& o) {
+  std::optional<master::JobResult> result;
+  std::string failure;
+  while (!result.has_value() && signal.load() == 0) {
+    result = m.WaitForFinish(0.1);
+    if (result.has_value()) break;
+    nodes.Poll(/*job_finished=*/false);
+    if (o.each_turn) o.each_turn();
+    if (nodes.Exhausted()) {
+      result = m.WaitForFinish(0.5);  // the last agent may have exited right after the job ended
+      if (!result.has_value()) {
+        failure = absl::StrCat("every agent exited and --max-replacements ", f.max_replacements,
+                               " is used up (or no node is left to start one on); see the agents' errors above");
+        break;
+      }
+    }
+  }
+
+  const int sig = signal.load();
+  if (sig != 0 && !result.has_value()) {
+    spdlog::warn("stopped by signal {}: stopping agents and their workers", sig);
+    sched.StopAll(Tunables::Get().stop_grace_s + 2);
+    m.Shutdown(0);
+    return 128 + sig;
+  }
+  // Agents exit on their own once they hear JobFinished; give them the time
+  // to, then stop whatever is left.
+  const double linger = Tunables::Get().finish_linger_s;
+  for (int i = 0; i < static_cast<int>(linger * 20) && !sched.RunningNodes().empty(); ++i) {
+    nodes.Poll(/*job_finished=*/true);
+    usleep(50000);
+  }
+  sched.StopAll(Tunables::Get().stop_grace_s);
+  // The job in one paragraph: where its wall time went, what it survived.
+  const v1::JobStatus final_status = m.Status();
+  spdlog::info("job {} summary: {}; {} worker restart(s), {} node replacement(s); {}", m.job_id(),
+               master::FormatGoodput(final_status.goodput()), final_status.restart_count(), nodes.replacements(),
+               master::FormatFailures(final_status));
+  m.Shutdown(0);
+  if (!failure.empty()) {
+    std::fprintf(stderr, "ballast %s: job %s failed: %s\n", o.cmd, m.job_id().c_str(), failure.c_str());
+    return 1;
+  }
+  if (result->succeeded) {
+    spdlog::info("job {} succeeded: {} worker restart(s), {} node replacement(s)", m.job_id(), result->restart_count,
+                 nodes.replacements());
+    return 0;
+  }
+  std::fprintf(stderr, "ballast %s: job %s failed: %s\n", o.cmd, m.job_id().c_str(), result->message.c_str());
+  return 1;
+}
+
+}  // namespace ballast::cli

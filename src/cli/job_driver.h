@@ -1,0 +1,84 @@
+// What `ballast launch` (local agent processes) and `ballast slurm` (one
+// Slurm job step per node) share: the job's flags, the agents' command line,
+// the master's options, and the loop that drives a job to its end through a
+// scheduler backend and NodeManager (scheduler/node_manager.h: the one
+// replacement policy).
+//
+// Threading: everything on the calling (main) thread; the master has its own.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include "cli/cli_util.h"
+#include "cli/http_flags.h"
+#include "cli/tls_flags.h"
+#include "master/master_server.h"
+#include "scheduler/local/local_scheduler.h"
+#include "scheduler/node_manager.h"
+
+namespace ballast::cli {
+
+struct JobFlags {
+  std::string nodes = "1";
+  int nproc_per_node = 1;
+  int max_restarts = 3;
+  int node_unit = 1;
+  int max_replacements = -1;
+  int port = 0;
+  HttpFlags http;
+  bool network_check = false;
+  bool exclude_stragglers = false;
+  std::string chaos;  // --chaos SPEC (common/chaos.h)
+  std::string token;
+  std::string python = "python3";
+  bool module = false;
+  bool no_python = false;
+  std::string log_dir;
+  std::string tee;
+  std::string redirects;
+  std::string role;
+  double hang_timeout_s = 0;
+  int ckpt_replicas = 1;
+  TlsFlags tls;
+  std::vector<std::string> script_and_args;
+
+  NodeRange range;  // --nodes, parsed by Check
+};
+
+// Adds the shared flags to a command (everything from the script on belongs
+// to the script).
+void AddJobFlags(CLI::App& app, JobFlags* f);
+// After parsing: the script, --nodes, --chaos, the defaults. -1 when the flags
+// are good, else the exit code (a message was printed, naming `cmd`).
+int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f);
+
+// The `ballast run` command line of one agent.
+std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_endpoint, int node_rank);
+// An agent's command and environment for a NodeManager request (token,
+// chaos spec and incarnation).
+scheduler::LocalCommand AgentCommand(const JobFlags& f, const master::MasterServer& m,
+                                     const scheduler::NodeRequest& r);
+
+// The master's options for these flags (bind and advertise host are the
+// caller's), with its node callbacks forwarding to *node_manager.
+master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler::NodeManager*>* node_manager);
+
+struct DriveOptions {
+  const char* cmd = "launch";  // for messages: "ballast launch: ..."
+  // Called once per loop turn after the node manager polled (drain bad
+  // nodes, publish spares, ...).
+  std::function<void()> each_turn;
+};
+
+// Runs the job to its end: polls the master and the node manager, stops when
+// the job finished, every node is gone and the replacement budget used up, or
+// a signal came (*signal != 0); then lets the agents exit, stops the rest and
+// prints the summary. Returns the exit code.
+int DriveJob(master::MasterServer& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
+             const JobFlags& f, const std::atomic<int>& signal, const DriveOptions& o);
+
+}  // namespace ballast::cli
