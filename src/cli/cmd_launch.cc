@@ -47,16 +47,13 @@ int LaunchCommand(const Args& args) {
   master::MasterOptions mopts = JobMasterOptions(f, &node_manager);
   mopts.bind_host = "127.0.0.1";
   mopts.advertise_host = "127.0.0.1";
-  auto server = master::MasterServer::Start(mopts);
-  if (!server.ok()) {
-    std::fprintf(stderr, "ballast launch: %s\n", std::string(server.status().message()).c_str());
-    return server.status().code() == absl::StatusCode::kInvalidArgument ? kUsageExit : 1;
-  }
-  master::MasterServer& m = **server;
+  int rc = 0;
+  std::unique_ptr<master::MasterServer> server = StartJobMaster("launch", mopts, &rc);
+  if (server == nullptr) return rc;
+  master::MasterServer& m = *server;
   spdlog::info("job {}: master on {}; starting {} agent(s) (nodes {}, {} worker(s) each); status: "
                "BALLAST_TOKEN={} ballast status --master {}",
                m.job_id(), m.address(), start_nodes, f.nodes, f.nproc_per_node, m.token(), m.address());
-  if (m.http_port() > 0) spdlog::info("job {}: dashboard: {}", m.job_id(), m.dashboard_url());
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -67,11 +64,6 @@ int LaunchCommand(const Args& args) {
   nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
   scheduler::NodeManager nodes(&sched, nmo);
   node_manager.store(&nodes);
-  if (auto st = nodes.Start(); !st.ok()) {
-    std::fprintf(stderr, "ballast launch: %s\n", std::string(st.message()).c_str());
-    sched.StopAll(0);
-    return 1;
-  }
   DriveOptions o;
   o.cmd = "launch";
   return DriveJob(m, sched, nodes, f, g_signal, o);

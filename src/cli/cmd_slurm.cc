@@ -109,17 +109,14 @@ int SlurmCommand(const Args& args) {
   mopts.advertise_host = advertise_host;
   mopts.job_id = absl::StrCat("slurm-", alloc->job_id);
   mopts.expected_nodes = needed;  // the spares join the first round's rendezvous (and check)
-  auto server = master::MasterServer::Start(mopts);
-  if (!server.ok()) {
-    std::fprintf(stderr, "ballast slurm: %s\n", std::string(server.status().message()).c_str());
-    return server.status().code() == absl::StatusCode::kInvalidArgument ? kUsageExit : 1;
-  }
-  master::MasterServer& m = **server;
+  int rc = 0;
+  std::unique_ptr<master::MasterServer> server = StartJobMaster("slurm", mopts, &rc);
+  if (server == nullptr) return rc;
+  master::MasterServer& m = *server;
   spdlog::info("job {}: master on {} ({}); {} agent step(s): nodes {} + {} spare(s), {} worker(s) each; status: "
                "BALLAST_TOKEN={} ballast status --master {}",
                m.job_id(), m.address(), alloc->Describe(), needed, f.nodes, spares, f.nproc_per_node, m.token(),
                m.address());
-  if (m.http_port() > 0) spdlog::info("job {}: dashboard: {}", m.job_id(), m.dashboard_url());
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -139,11 +136,6 @@ int SlurmCommand(const Args& args) {
   nmo.name = [&sched](int rank, int incarnation) { return sched.NextNodeName(rank, incarnation); };
   scheduler::NodeManager nodes(&sched, nmo);
   node_manager.store(&nodes);
-  if (auto st = nodes.Start(); !st.ok()) {
-    std::fprintf(stderr, "ballast slurm: %s\n", std::string(st.message()).c_str());
-    sched.StopAll(0);
-    return 1;
-  }
 
   std::set<std::string> drained;
   DriveOptions o;

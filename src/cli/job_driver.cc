@@ -142,8 +142,27 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
   return mopts;
 }
 
+std::unique_ptr<master::MasterServer> StartJobMaster(const char* cmd, const master::MasterOptions& options,
+                                                     int* exit_code) {
+  auto server = master::MasterServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(server.status().message()).c_str());
+    *exit_code = server.status().code() == absl::StatusCode::kInvalidArgument ? kUsageExit : 1;
+    return nullptr;
+  }
+  master::MasterServer& m = **server;
+  if (m.http_port() > 0) spdlog::info("job {}: dashboard: {}", m.job_id(), m.dashboard_url());
+  return std::move(*server);
+}
+
 int DriveJob(master::MasterServer& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
              const JobFlags& f, const std::atomic<int>& signal, const DriveOptions& o) {
+  if (absl::Status st = nodes.Start(); !st.ok()) {
+    std::fprintf(stderr, "ballast %s: %s\n", o.cmd, std::string(st.message()).c_str());
+    sched.StopAll(0);
+    m.Shutdown(0);
+    return 1;
+  }
   std::optional<master::JobResult> result;
   std::string failure;
   while (!result.has_value() && signal.load() == 0) {

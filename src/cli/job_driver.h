@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,11 @@ scheduler::LocalCommand AgentCommand(const JobFlags& f, const master::MasterServ
 // caller's), with its node callbacks forwarding to *node_manager.
 master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler::NodeManager*>* node_manager);
 
+// Starts the job's master; on an error prints it (naming `cmd`) and sets
+// *exit_code (2 for bad options). Logs the dashboard's address.
+std::unique_ptr<master::MasterServer> StartJobMaster(const char* cmd, const master::MasterOptions& options,
+                                                     int* exit_code);
+
 struct DriveOptions {
   const char* cmd = "launch";  // for messages: "ballast launch: ..."
   // Called once per loop turn after the node manager polled (drain bad
@@ -74,7 +80,8 @@ struct DriveOptions {
   std::function<void()> each_turn;
 };
 
-// Runs the job to its end: polls the master and the node manager, stops when
+// Starts the nodes (nodes.Start()), then runs the job to its end: polls the
+// master and the node manager, stops when
 // the job finished, every node is gone and the replacement budget used up, or
 // a signal came (*signal != 0); then lets the agents exit, stops the rest and
 // prints the summary. Returns the exit code.

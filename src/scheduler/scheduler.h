@@ -7,8 +7,14 @@
 // pending one): that policy lives in one place, NodeManager
 // (node_manager.h), for every backend. A backend only carries decisions out
 // and reports what its scheduler saw. Backends: local processes (local/,
-// behind `ballast launch`) and Kubernetes pods (kubernetes/, behind
-// `ballast master --kubernetes-job`).
+// behind `ballast launch`), Kubernetes pods (kubernetes/, behind
+// `ballast master --kubernetes-job`) and Slurm job steps (slurm/, behind
+// `ballast slurm`).
+//
+// What a backend gives the policy: request a node (LaunchNode, with the
+// hosts to avoid: where nodes were excluded), release it with a reason
+// (ReleaseNode), and report what happened (Poll: started on a host, exited,
+// lost with the scheduler's reason, pending too long).
 //
 // Thread safety: implementations are driven from one thread (the launcher's
 // loop) unless they say otherwise.

@@ -17,6 +17,9 @@ import unittest
 
 from slurm_cluster import SlurmCluster
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from _util import wait_for  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 BIN = os.path.abspath(os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build/bin/ballast")))
@@ -25,20 +28,6 @@ EXAMPLES = os.path.abspath(os.path.join(ROOT, "examples"))
 TOKEN = "slurm-test-token"
 PORT = 29500  # in the batch host's own network namespace
 CKPT_SCRIPT = os.path.abspath(os.path.join(ROOT, "tests/integration/scripts/train_ckpt.py"))
-
-
-def wait_for(what, fn, timeout, interval=0.2):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError, IndexError) as e:
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def events(out_dir, kind=None):
