@@ -52,6 +52,32 @@ absl::StatusOr<std::string> AdvertiseAddress(const scheduler::slurm::SlurmAlloca
       " reach: none of their names resolves here; give one with --advertise-host ADDR"));
 }
 
+// With --drain-bad-nodes, drains in Slurm each node NodeManager newly marked
+// bad (excluded by the pre-flight check); says so when Slurm refuses, and
+// when the flag is off. *seen: the nodes handled already.
+void DrainBadNodes(scheduler::slurm::SlurmScheduler& sched, const std::set<std::string>& bad, bool enabled,
+                   const std::string& job_id, std::set<std::string>* seen) {
+  for (const std::string& node : bad) {
+    if (!seen->insert(node).second) continue;
+    if (!enabled) {
+      spdlog::info("slurm: node {} is not drained in Slurm (give --drain-bad-nodes to drain nodes that fail the "
+                   "pre-flight check)",
+                   node);
+      continue;
+    }
+    const std::string reason = absl::StrCat("ballast job ", job_id, ": failed the pre-flight check");
+    if (absl::Status s = sched.Drain(node, reason); s.ok()) {
+      spdlog::warn("slurm: drained node {} in Slurm (reason \"{}\"); `scontrol update nodename={} state=resume` "
+                   "returns it",
+                   node, reason, node);
+    } else if (absl::IsPermissionDenied(s)) {
+      spdlog::warn("slurm: --drain-bad-nodes: not permitted to drain node {}: {}", node, std::string(s.message()));
+    } else {
+      spdlog::warn("slurm: --drain-bad-nodes: cannot drain node {}: {}", node, std::string(s.message()));
+    }
+  }
+}
+
 }  // namespace
 
 int SlurmCommand(const Args& args) {
@@ -137,30 +163,10 @@ int SlurmCommand(const Args& args) {
   scheduler::NodeManager nodes(&sched, nmo);
   node_manager.store(&nodes);
 
-  std::set<std::string> drained;
+  std::set<std::string> seen_bad;
   DriveOptions o;
   o.cmd = "slurm";
-  o.each_turn = [&]() {
-    for (const std::string& node : nodes.avoid_hosts()) {
-      if (!drained.insert(node).second) continue;
-      if (!drain_bad_nodes) {
-        spdlog::info("slurm: node {} is not drained in Slurm (give --drain-bad-nodes to drain nodes that fail the "
-                     "pre-flight check)",
-                     node);
-        continue;
-      }
-      const std::string reason = absl::StrCat("ballast job ", m.job_id(), ": failed the pre-flight check");
-      if (absl::Status s = sched.Drain(node, reason); s.ok()) {
-        spdlog::warn("slurm: drained node {} in Slurm (reason \"{}\"); `scontrol update nodename={} state=resume` "
-                     "returns it",
-                     node, reason, node);
-      } else if (absl::IsPermissionDenied(s)) {
-        spdlog::warn("slurm: --drain-bad-nodes: not permitted to drain node {}: {}", node, std::string(s.message()));
-      } else {
-        spdlog::warn("slurm: --drain-bad-nodes: cannot drain node {}: {}", node, std::string(s.message()));
-      }
-    }
-  };
+  o.each_turn = [&]() { DrainBadNodes(sched, nodes.avoid_hosts(), drain_bad_nodes, m.job_id(), &seen_bad); };
   return DriveJob(m, sched, nodes, f, g_signal, o);
 }
 
