@@ -224,6 +224,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   copts.token = options_.token;
   copts.credentials = options_.credentials;
   copts.reconnect_timeout_s = options_.tunables.reconnect_timeout_s;
+  copts.rpc_timeout_s = options_.tunables.rpc_timeout_s;
   client_ = std::make_unique<MasterClient>(copts);
 }
 
@@ -247,6 +248,8 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   po.node_id = options_.node_id;
   po.local_world_size = options_.run.nproc_per_node;
   po.name_prefix = CkptStorePrefix(job_id, getpid());
+  po.report_timeout_s = options_.tunables.ckpt_report_timeout_s;
+  po.breakpoint_report_timeout_s = options_.tunables.ckpt_breakpoint_report_timeout_s;
   auto created = CkptPersister::Create(po, [this](const v1::ShardDurableReport& r, double timeout_s) {
     return client_->ReportShardDurable(r, timeout_s);
   });

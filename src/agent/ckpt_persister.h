@@ -75,8 +75,8 @@ struct CkptPersisterOptions {
   double poll_interval_s = 0.025;
   // Deadline of one report from the poll thread, and from a breakpoint save
   // (shorter: it runs on the agent's main loop, possibly with the master gone).
-  double report_timeout_s = 5.0;
-  double breakpoint_report_timeout_s = 2.0;
+  double report_timeout_s = 5.0;             // Tunables ckpt_report_timeout_s
+  double breakpoint_report_timeout_s = 2.0;  // Tunables ckpt_breakpoint_report_timeout_s
   // After a failed shard write or report, wait this long before retrying it.
   double retry_after_s = 1.0;
   static constexpr int kMaxWriteAttempts = 3;  // per requested step

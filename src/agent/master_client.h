@@ -38,7 +38,7 @@ namespace ballast::agent {
 struct MasterClientOptions {
   std::string endpoint;               // host:port
   std::string token;
-  double rpc_timeout_s = 10.0;        // deadline of one ordinary call
+  double rpc_timeout_s = 10.0;        // deadline of one ordinary call (Tunables rpc_timeout_s)
   double reconnect_timeout_s = 60.0;  // Tunables reconnect_timeout_s
   double backoff_initial_s = 0.1;     // retry backoff: 100 ms doubling ...
   double backoff_max_s = 2.0;         // ... to 2 s

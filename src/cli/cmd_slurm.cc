@@ -106,6 +106,7 @@ int SlurmCommand(const Args& args) {
   if (int rc = CheckJobFlags("slurm", app, &f); rc >= 0) return rc;
 
   scheduler::slurm::SlurmTools tools;
+  tools.timeout_s = Tunables::Get().slurm_command_timeout_s;
   auto alloc = scheduler::slurm::ReadAllocation(CurrentEnvironment(), tools);
   if (!alloc.ok()) {
     std::fprintf(stderr, "ballast slurm: %s\n", std::string(alloc.status().message()).c_str());
@@ -149,6 +150,7 @@ int SlurmCommand(const Args& args) {
   scheduler::slurm::SlurmSchedulerOptions so;
   so.allocation = *alloc;
   so.tools = tools;
+  so.node_state_poll_s = Tunables::Get().slurm_node_state_poll_s;
   so.command_for = [&](const scheduler::NodeRequest& r) {
     scheduler::LocalCommand cmd = AgentCommand(f, m, r);
     cmd.argv.insert(cmd.argv.begin(), srun_args.begin(), srun_args.end());

@@ -37,7 +37,17 @@ namespace ballast {
     "How long a master keeps serving after the job finished, so every agent hears it.")       \
   X(int, stderr_tail_lines, 20, "Lines of a failed worker's stderr kept for the failure report.") \
   X(int, max_node_replacements, 3,                                                             \
-    "Local backend: how many dead agents `ballast launch` replaces before it gives up.")      \
+    "`ballast launch` and `ballast slurm`: how many lost nodes are replaced before giving up.") \
+  X(double, rpc_timeout_s, 10.0, "Deadline of one ordinary call from an agent to the master.") \
+  X(double, ckpt_report_timeout_s, 5.0,                                                        \
+    "Deadline of an agent's report that a checkpoint shard is durable (its persister thread).") \
+  X(double, ckpt_breakpoint_report_timeout_s, 2.0,                                             \
+    "Deadline of that report for the breakpoint save at a restart (on the agent's main loop, " \
+    "possibly with the master gone).")                                                         \
+  X(double, slurm_node_state_poll_s, 2.0,                                                      \
+    "`ballast slurm`: seconds between reads of the job's node states (sinfo).")               \
+  X(double, slurm_command_timeout_s, 10.0,                                                     \
+    "`ballast slurm`: deadline of one Slurm command (squeue, scancel, sinfo, scontrol).")     \
   X(double, hang_first_step_grace_s, 300.0,                                                    \
     "With --hang-timeout: a worker that reports no step for this long after it started is "   \
     "hung (imports, rendezvous and data loading come first). Never shorter than the timeout.") \

@@ -42,7 +42,7 @@ struct SlurmTools {
   std::string sinfo = "sinfo";
   std::string squeue = "squeue";
   std::string scontrol = "scontrol";
-  double timeout_s = 10;  // for one query or control command
+  double timeout_s = 10;  // for one query or control command (Tunables slurm_command_timeout_s)
 };
 
 // The allocation this process runs in, from the SLURM_* environment.
@@ -69,7 +69,7 @@ struct SlurmSchedulerOptions {
   // The agent's command line and extra environment for a node (the host is
   // request.name).
   LocalScheduler::CommandFor command_for;
-  double node_state_poll_s = 2;  // how often Slurm's node states are read
+  double node_state_poll_s = 2;  // how often Slurm's node states are read (Tunables slurm_node_state_poll_s)
 };
 
 class SlurmScheduler : public SchedulerInterface {
