@@ -17,6 +17,12 @@ namespace {
 constexpr char kPlaceholderPrefix[] = "no-free-node-for-rank-";
 constexpr char kStepPrefix[] = "ballast-agent-";
 
+// The steady-clock time `seconds` from now.
+std::chrono::steady_clock::time_point After(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 std::string Get(const std::map<std::string, std::string>& env, const std::string& key) {
   auto it = env.find(key);
   return it == env.end() ? "" : it->second;
@@ -91,13 +97,10 @@ SlurmScheduler::SlurmScheduler(SlurmSchedulerOptions options) : options_(std::mo
 SlurmScheduler::~SlurmScheduler() { StopAll(0); }
 
 std::string SlurmScheduler::NextNodeName(int node_rank, int incarnation) {
-  for (const std::string& node : options_.allocation.nodes) {
-    if (steps_.count(node) == 0 && retired_.count(node) == 0 && reserved_.count(node) == 0) {
-      reserved_.insert(node);
-      return node;
-    }
-  }
-  return absl::StrCat(kPlaceholderPrefix, node_rank, "-", incarnation);
+  const std::vector<std::string> free = FreeNodes();
+  if (free.empty()) return absl::StrCat(kPlaceholderPrefix, node_rank, "-", incarnation);
+  reserved_.insert(free.front());
+  return free.front();
 }
 
 std::vector<std::string> SlurmScheduler::FreeNodes() const {
@@ -206,8 +209,7 @@ absl::Status SlurmScheduler::ReleaseNode(const std::string& name, const std::str
   it->second.srun.Signal(SIGTERM);
   Stopping stop;
   stop.srun = std::move(it->second.srun);
-  stop.deadline = std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(grace_s));
+  stop.deadline = After(grace_s);
   stopping_.push_back(std::move(stop));
   steps_.erase(it);
   return absl::OkStatus();
@@ -241,8 +243,7 @@ std::vector<NodeEvent> SlurmScheduler::Poll() {
     }
   }
   if (now >= next_state_poll_ && !steps_.empty()) {
-    next_state_poll_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                 std::chrono::duration<double>(options_.node_state_poll_s));
+    next_state_poll_ = After(options_.node_state_poll_s);
     std::vector<std::string> nodes;
     for (const auto& [node, step] : steps_) nodes.push_back(node);
     auto r = RunCapture({options_.tools.sinfo, "--noheader", "--Node", "--nodes=" + absl::StrJoin(nodes, ","),
@@ -280,7 +281,7 @@ void SlurmScheduler::StopAll(double grace_s) {
   for (auto& [name, step] : steps_) {
     if (step.srun.running()) step.srun.Signal(grace_s > 0 ? SIGTERM : SIGKILL);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  const auto deadline = After(grace_s);
   std::vector<std::string> left;
   for (auto& [name, step] : steps_) {
     const double wait = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
