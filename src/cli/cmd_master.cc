@@ -133,9 +133,9 @@ int MasterCommand(const Args& args) {
   if (!k8s.job_name.empty()) {
     // The job's spec holds the settings: flags that would contradict it are refused.
     if (app.count("--nnodes") > 0 || app.count("--node-unit") > 0 || app.count("--max-restarts") > 0 ||
-        opts.precheck || opts.exclude_stragglers || !opts.journal_dir.empty() || tls.files.on()) {
+        opts.precheck || opts.exclude_stragglers || tls.files.on()) {
       std::fprintf(stderr, "ballast master: with --kubernetes-job the ElasticJob's spec sets nodes, node unit, max "
-                           "restarts and the network check, and --journal and --tls-* are not supported there yet; drop those flags\n");
+                           "restarts and the network check, and --tls-* is not supported there yet; drop those flags\n");
       return kUsageExit;
     }
     k8s.bind_host = opts.bind_host;
@@ -143,6 +143,10 @@ int MasterCommand(const Args& args) {
     k8s.advertise_host = opts.advertise_host;
     k8s.token = TokenFromFlagOrEnv(token);
     if (const char* pod = std::getenv("BALLAST_POD_NAME"); pod != nullptr) k8s.pod_name = pod;
+    k8s.journal_dir = opts.journal_dir;
+    if (!k8s.journal_dir.empty() && !no_supervise && std::getenv(kSupervisedEnv) == nullptr) {
+      return SuperviseMaster(args, k8s.token, k8s.journal_dir);
+    }
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     return scheduler::kubernetes::RunKubernetesJob(k8s, &g_signal);

@@ -192,6 +192,8 @@ std::string MasterServer::address() const { return impl_->address; }
 const std::string& MasterServer::token() const { return impl_->options.token; }
 const std::string& MasterServer::job_id() const { return impl_->job_id; }
 int MasterServer::http_port() const { return impl_->http != nullptr ? impl_->http->port() : 0; }
+bool MasterServer::resumed() const { return impl_->journal != nullptr && impl_->journal->recovered(); }
+
 std::string MasterServer::dashboard_url() const {
   if (impl_->http == nullptr) return "";
   std::string token;  // percent-encoded: a user's token may hold any byte

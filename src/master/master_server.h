@@ -89,6 +89,9 @@ class MasterServer {
   int http_port() const;              // 0 when the HTTP interface is off
   // http://advertise_host:http_port/?token=TOKEN ("" when off): what a person opens.
   std::string dashboard_url() const;
+  // Whether this master resumed a job its journal held (an earlier master
+  // process served it): the job's nodes are already running.
+  bool resumed() const;
 
   // Blocks until the job finished or timeout_s passed (< 0: forever).
   std::optional<JobResult> WaitForFinish(double timeout_s = -1);

@@ -303,6 +303,7 @@ void Operator::Reconcile(const std::string& key) {
   }
   mp.advertise = options_.master_address;
   mp.ballast = options_.ballast;
+  mp.journal_dir = options_.master_journal;
   Json pod = k8s::BuildMasterPod(*spec, mp);
   auto r = client_->Create(kube::CollectionPath("v1", "pods", ns), pod,
                            absl::StrCat("create pod ", ns, "/", kube::Str(pod, {"metadata", "name"})));

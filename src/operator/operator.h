@@ -42,6 +42,7 @@ struct OperatorOptions {
   std::string image;                     // master pod image unless spec.masterImage (BALLAST_IMAGE)
   std::string master_address = "service";  // "service" (its DNS name) or "pod-ip" (clusters without DNS)
   std::string ballast = "ballast";       // the binary in the image
+  std::string master_journal = "/var/lib/ballast/journal";  // in the master pods; "" none (BALLAST_MASTER_JOURNAL)
   double resync_s = 10;
   int max_master_restarts = 5;
 };

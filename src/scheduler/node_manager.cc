@@ -42,7 +42,32 @@ absl::Status NodeManager::Launch(Slot* slot) {
 }
 
 absl::Status NodeManager::Start() {
+  // Taken over from an earlier master process: each rank's newest
+  // incarnation is its node (one that ended meanwhile is reported by the
+  // backend's next Poll and replaced then); older ones are known, so their
+  // events are recognised as stale.
+  std::map<int, AdoptedNode> newest;
+  for (const AdoptedNode& a : scheduler_->AdoptedNodes()) {
+    rank_of_[a.name] = a.node_rank;
+    if (!a.host.empty()) hosts_[a.name] = a.host;
+    auto [it, fresh] = newest.emplace(a.node_rank, a);
+    if (!fresh && a.incarnation > it->second.incarnation) it->second = a;
+  }
+  for (const auto& [rank, a] : newest) {
+    if (rank < 0 || rank >= options_.initial_nodes) continue;
+    Slot& slot = slots_[rank];
+    slot.node_rank = rank;
+    slot.incarnation = a.incarnation;
+    slot.name = a.name;
+    slot.host = a.host;
+    replacements_ += a.incarnation - 1;
+  }
+  if (!newest.empty()) {
+    spdlog::info("took over {} node(s) an earlier master process started ({} replacement(s) so far)", newest.size(),
+                 replacements_);
+  }
   for (int rank = 0; rank < options_.initial_nodes; ++rank) {
+    if (newest.count(rank) > 0) continue;
     Slot& slot = slots_[rank];
     slot.node_rank = rank;
     if (absl::Status s = Launch(&slot); !s.ok()) {

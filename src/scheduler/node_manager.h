@@ -48,7 +48,10 @@ class NodeManager {
  public:
   NodeManager(SchedulerInterface* scheduler, NodeManagerOptions options);
 
-  // Launches the initial nodes. An error when a launch is refused.
+  // Launches the initial nodes. An error when a launch is refused. The ranks
+  // of nodes the backend adopted (SchedulerInterface::AdoptedNodes: a master
+  // that resumed from its journal) keep their newest incarnation instead, and
+  // the replacements those incarnations stand for count against the budget.
   absl::Status Start();
 
   // Thread-safe, non-blocking (see the file comment).

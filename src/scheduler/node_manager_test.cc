@@ -27,6 +27,7 @@ class FakeScheduler : public SchedulerInterface {
   std::vector<NodeEvent> Poll() override { return std::exchange(events, {}); }
   std::vector<std::string> RunningNodes() const override { return {running.begin(), running.end()}; }
   void StopAll(double) override { running.clear(); }
+  std::vector<AdoptedNode> AdoptedNodes() const override { return adopted; }
 
   void Exit(const std::string& name, int code) {
     running.erase(name);
@@ -52,6 +53,7 @@ class FakeScheduler : public SchedulerInterface {
   }
 
   bool refuse = false;
+  std::vector<AdoptedNode> adopted;
   std::vector<NodeRequest> launched;
   std::vector<std::string> released;
   std::set<std::string> running;
@@ -179,6 +181,41 @@ TEST(NodeManager, RefusedInitialLaunchIsAnErrorNamingTheRank) {
   absl::Status s = h.manager->Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(s.message()), HasSubstr("cannot start node rank 0: no capacity"));
+}
+
+TEST(NodeManager, StartTakesOverAdoptedNodesAndLaunchesOnlyTheMissingRanks) {
+  Harness h(3, 3);
+  // An earlier master process replaced rank 1 once (node-1 ended, node-1-2
+  // runs) and never started rank 2.
+  h.sched.adopted = {{"node-0", 0, 1, "h0"}, {"node-1", 1, 1, "h1"}, {"node-1-2", 1, 2, "h2"}};
+  ASSERT_TRUE(h.manager->Start().ok());
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-2"));
+  EXPECT_EQ(h.manager->replacements(), 1);
+  EXPECT_EQ(h.manager->Describe("node-1-2"), "node-1-2 (node rank 1, host h2)");
+  // The older incarnation's end is stale: nothing is replaced for it.
+  h.sched.Exit("node-1", 1);
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 1u);
+  // The adopted node of rank 1 ends: its replacement is incarnation 3.
+  h.sched.Exit("node-1-2", 1);
+  h.manager->Poll(false);
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-2", "node-1-3"));
+  EXPECT_EQ(h.manager->replacements(), 2);
+  EXPECT_FALSE(h.manager->Exhausted());
+}
+
+TEST(NodeManager, AdoptedIncarnationsCountAgainstTheReplacementBudget) {
+  Harness h(1, 2);
+  h.sched.adopted = {{"node-0-3", 0, 3, ""}};
+  ASSERT_TRUE(h.manager->Start().ok());
+  EXPECT_TRUE(h.sched.launched.empty());
+  EXPECT_EQ(h.manager->replacements(), 2);
+  h.sched.Lost("node-0-3", "its pod was deleted");
+  h.manager->Poll(false);
+  EXPECT_TRUE(h.sched.launched.empty()) << "the budget of 2 was used up before the master restarted";
+  EXPECT_TRUE(h.manager->Exhausted());
+  ASSERT_FALSE(h.events.empty());
+  EXPECT_THAT(h.events.back(), HasSubstr("ReplacementsUsedUp"));
 }
 
 }  // namespace

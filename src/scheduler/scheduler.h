@@ -56,6 +56,16 @@ struct NodeEvent {
 
 const char* NodeEventKindName(NodeEvent::Kind kind);
 
+// A node an earlier master process of this job started and the scheduler
+// still holds (a master that resumed from its journal takes it over instead
+// of starting its rank again).
+struct AdoptedNode {
+  std::string name;
+  int node_rank = 0;
+  int incarnation = 1;
+  std::string host;  // "" while not placed
+};
+
 class SchedulerInterface {
  public:
   virtual ~SchedulerInterface() = default;
@@ -73,6 +83,12 @@ class SchedulerInterface {
   virtual std::vector<std::string> RunningNodes() const = 0;
   // Stops every node (the job is over, or the launcher stops).
   virtual void StopAll(double grace_s) = 0;
+  // The nodes an earlier master process of this job left running, which this
+  // backend took over when it started (its journal resumed the job): every
+  // incarnation it found, ended ones included, so a replacement never reuses
+  // a name. What happened to them since comes from Poll as for any node.
+  // Default: none (the backend starts from nothing).
+  virtual std::vector<AdoptedNode> AdoptedNodes() const { return {}; }
 };
 
 }  // namespace ballast::scheduler

@@ -161,8 +161,13 @@ class Suite:
         if self.installed:
             return
         self.kubectl("apply", "-f", os.path.join(ROOT, "deploy"))
+        # The test kubelet runs containers as host processes: a volume's mountPath is a host
+        # path, so the master pods' journals go under the suite's folder (each in its pod's
+        # uid folder, as in an emptyDir).
+        self.journals = os.path.join(self.dir, "journals")
+        os.makedirs(self.journals, exist_ok=True)
         self.kubectl("-n", "ballast-system", "set", "env", "deployment/ballast-operator",
-                     "BALLAST_MASTER_ADDRESS=pod-ip")
+                     "BALLAST_MASTER_ADDRESS=pod-ip", f"BALLAST_MASTER_JOURNAL={self.journals}")
         # `set env` rolls the Deployment (Recreate): until the first pod is gone, the operator
         # Running may still be the one without the env, reconciling jobs with Service names.
         def only_the_new_operator():
@@ -171,8 +176,10 @@ class Suite:
                 return None
             env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0].get("env", [])}
             running = pods[0]["status"].get("phase") == "Running"
-            return pods if running and env.get("BALLAST_MASTER_ADDRESS") == "pod-ip" else None
-        self.wait(only_the_new_operator, 120, "the operator pod (with BALLAST_MASTER_ADDRESS=pod-ip) Running alone")
+            new = env.get("BALLAST_MASTER_ADDRESS") == "pod-ip" and env.get("BALLAST_MASTER_JOURNAL") == self.journals
+            return pods if running and new else None
+        self.wait(only_the_new_operator, 120, "the operator pod (with BALLAST_MASTER_ADDRESS=pod-ip and "
+                  "BALLAST_MASTER_JOURNAL) Running alone")
         self.installed = True
 
     def pods(self, ns, selector=""):

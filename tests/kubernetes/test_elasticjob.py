@@ -8,6 +8,8 @@ a node that goes NotReady has its pod replaced elsewhere; a node failing the
 pre-flight check is replaced away from that host; a replacement that stays
 Pending does not hold the job (it scales down to MIN, and up when the pod
 runs); the master pod killed mid-training is recreated and the job finishes;
+the master process killed in its pod (a crash, the OOM killer) is restarted
+there from its journal and the same worker pods train on without a restart;
 deleting the job deletes everything it made.
 """
 import os
@@ -18,6 +20,18 @@ import unittest
 
 from _cluster import Suite
 from _jobs import JobHarness, done_ranks, min_step, sleep_job, train_job, wait_steps, worlds_seen
+
+
+def all_pids():
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 class ElasticJobTest(unittest.TestCase):
@@ -141,6 +155,34 @@ class ElasticJobTest(unittest.TestCase):
         self.assertEqual(done_ranks(self.out, 2), [0, 1], j.debug())
         masters = sorted(p["metadata"]["name"] for p in j.pods("master"))
         self.assertEqual(masters, ["masterkill-master-2"], "the dead master's pod was replaced, not kept")
+        self.assert_no_failed_pods_left(j)
+
+    def test_master_process_killed_is_restarted_in_its_pod_and_the_workers_train_on(self):
+        j = self.harness("masterproc")
+        j.apply(train_job("masterproc", self.ns, self.out, nodes="2", steps=60, step_time=0.15))
+        self.k.wait(lambda: len(j.running()) == 2, 60, "2 worker pods Running")
+        wait_steps(self.k, self.out, range(2), 5, 90)
+        workers = sorted(p["metadata"]["name"] for p in j.pods())
+        master = j.running("master")[0]["metadata"]["name"]
+        supervisor = [p for p in self.k.control("GET", "/pods") if p["name"] == master][0]["pids"]
+        children = [pid for pid in all_pids() if parent_of(pid) in supervisor]
+        self.assertEqual(len(children), 1, f"one master process under the supervisor {supervisor}: {children}")
+        os.kill(children[0], signal.SIGKILL)  # a crash or the OOM killer: the pod stays
+        killed_at = min_step(self.out, range(2))
+        self.k.wait(lambda: "MasterResumed" in j.reasons(), 60, "the master resumed from its journal")
+        st = j.wait_phase("Succeeded", 240)
+        self.assertEqual(done_ranks(self.out, 2), [0, 1], j.debug())
+        self.assertEqual(st.get("masterRestarts", 0), 0, "the pod was not replaced: " + j.debug())
+        self.assertEqual(st["masterGeneration"], 1, j.debug())
+        self.assertEqual(st["restarts"], 0, "no worker restart: " + j.debug())
+        self.assertEqual(sorted(p["metadata"]["name"] for p in j.pods()), workers,
+                         "the same worker pods trained to the end: " + j.debug())
+        from _jobs import read_events
+        for rank in range(2):
+            starts = [e for e in read_events(self.out, rank) if e["event"] == "start"]
+            self.assertEqual(len(starts), 1, f"rank {rank} started once (killed at step {killed_at})")
+        self.assertNotIn("MasterRestarted", j.reasons())
+        self.assertEqual(j.reasons().count("Started"), 1, "one Started event: " + j.debug())
         self.assert_no_failed_pods_left(j)
 
     def test_suspended_job_stops_its_pods_and_resumes_from_its_checkpoint(self):

@@ -280,8 +280,20 @@ Json BuildMasterPod(const ElasticJobSpec& job, const MasterPodParams& p) {
   };
   pod["spec"] = {{"serviceAccountName", job.MasterName()},
                  {"restartPolicy", "Never"},
-                 {"terminationGracePeriodSeconds", 30},
-                 {"containers", Json::array({container})}};
+                 {"terminationGracePeriodSeconds", 30}};
+  if (!p.journal_dir.empty()) {
+    // `ballast master --journal` runs the master in a child process and
+    // restarts it from the journal when it dies (a crash, the OOM killer):
+    // the pod, its address and its worker pods stay. The folder is the pod's
+    // own (its uid), so a master pod never resumes another pod's journal even
+    // where the volume outlives the pod.
+    container["command"].push_back("--journal");
+    container["command"].push_back(absl::StrCat(p.journal_dir, "/$(BALLAST_POD_UID)"));
+    container["env"].push_back(EnvField("BALLAST_POD_UID", "metadata.uid"));
+    container["volumeMounts"] = Json::array({Json{{"name", "journal"}, {"mountPath", p.journal_dir}}});
+    pod["spec"]["volumes"] = Json::array({Json{{"name", "journal"}, {"emptyDir", Json::object()}}});
+  }
+  pod["spec"]["containers"] = Json::array({container});
   return pod;
 }
 

@@ -31,6 +31,7 @@ inline constexpr char kJobLabel[] = "ballast.dev/job";
 inline constexpr char kRoleLabel[] = "ballast.dev/role";
 inline constexpr char kRankLabel[] = "ballast.dev/node-rank";
 inline constexpr char kIncarnationLabel[] = "ballast.dev/incarnation";
+inline constexpr char kMasterJournalDir[] = "/var/lib/ballast/journal";
 inline constexpr char kTokenKey[] = "token";
 inline constexpr int kMasterPort = 29400;
 
@@ -98,6 +99,11 @@ struct MasterPodParams {
   std::string image;                  // job.master_image or the operator's image
   std::string advertise = "service";  // "service": the Service's DNS name; "pod-ip": its own pod IP
   std::string ballast = "ballast";
+  // Where the master keeps its journal (an emptyDir volume mounted there; the
+  // master writes under a folder named after its pod's uid): a master process
+  // that dies is restarted in its pod and resumes the job, its worker pods
+  // training on. "": no journal.
+  std::string journal_dir = kMasterJournalDir;
 };
 Json BuildMasterPod(const ElasticJobSpec& job, const MasterPodParams& params);
 Json BuildMasterService(const ElasticJobSpec& job);

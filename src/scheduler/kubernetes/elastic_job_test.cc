@@ -144,18 +144,39 @@ TEST(BuildWorkerPod, AvoidedHostsBecomeAntiAffinityInEveryTerm) {
 TEST(MasterObjects, PodServiceAndBindingNameTheJob) {
   auto job = ParseElasticJob(Job());
   ASSERT_TRUE(job.ok());
-  Json pod = BuildMasterPod(*job, MasterPodParams{3, "ballast:0.1.0", "pod-ip", "ballast"});
+  Json pod = BuildMasterPod(*job, MasterPodParams{3, "ballast:0.1.0", "pod-ip", "ballast", ""});
   EXPECT_EQ(pod["metadata"]["name"], "train-master-3");
   EXPECT_EQ(pod["metadata"]["labels"]["ballast.dev/role"], "master");
   EXPECT_EQ(pod["spec"]["serviceAccountName"], "train-master");
   std::vector<std::string> cmd = pod["spec"]["containers"][0]["command"];
   EXPECT_THAT(cmd, ElementsAre("ballast", "master", "--kubernetes-job", "train", "--namespace", "ml", "--host",
                                "$(BALLAST_POD_IP)", "--port", "29400", "--advertise-host", "$(BALLAST_POD_IP)"));
-  Json svc_pod = BuildMasterPod(*job, MasterPodParams{1, "img", "service", "ballast"});
+  EXPECT_FALSE(pod["spec"].contains("volumes"));
+  Json svc_pod = BuildMasterPod(*job, MasterPodParams{1, "img", "service", "ballast", ""});
   EXPECT_EQ(svc_pod["spec"]["containers"][0]["command"].back(), "train-master.ml.svc");
   EXPECT_EQ(BuildMasterService(*job)["spec"]["selector"]["ballast.dev/role"], "master");
   EXPECT_EQ(BuildMasterRoleBinding(*job)["roleRef"]["name"], "ballast-master");
   EXPECT_EQ(BuildTokenSecret(*job, "tok")["stringData"]["token"], "tok");
+}
+
+TEST(MasterObjects, PodKeepsItsJournalInAnEmptyDirNamedAfterItsUid) {
+  auto job = ParseElasticJob(Job());
+  ASSERT_TRUE(job.ok());
+  Json pod = BuildMasterPod(*job, MasterPodParams{2, "img", "service", "ballast", "/var/lib/ballast/journal"});
+  const Json& c = pod["spec"]["containers"][0];
+  std::vector<std::string> cmd = c["command"];
+  ASSERT_GE(cmd.size(), 2u);
+  EXPECT_EQ(cmd[cmd.size() - 2], "--journal");
+  EXPECT_EQ(cmd.back(), "/var/lib/ballast/journal/$(BALLAST_POD_UID)");
+  bool uid_env = false;
+  for (const Json& e : c["env"]) {
+    uid_env = uid_env || (e["name"] == "BALLAST_POD_UID" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid");
+  }
+  EXPECT_TRUE(uid_env) << c.dump();
+  EXPECT_EQ(c["volumeMounts"][0]["mountPath"], "/var/lib/ballast/journal");
+  EXPECT_EQ(c["volumeMounts"][0]["name"], "journal");
+  EXPECT_EQ(pod["spec"]["volumes"][0]["name"], "journal");
+  EXPECT_TRUE(pod["spec"]["volumes"][0].contains("emptyDir"));
 }
 
 }  // namespace

@@ -180,6 +180,24 @@ void JobStatusWriter::Finish(bool succeeded, const std::string& message, int res
   Event(succeeded ? "Succeeded" : "Failed", message, !succeeded);
 }
 
+void JobStatusWriter::Resume(const Json& status) {
+  if (!status.is_object()) return;
+  // The fields this master applies (Update, Finish): applying without one it
+  // applied before would remove it. The operator's own fields stay its own.
+  for (const char* k : {"phase", "round", "nodes", "workers", "world", "restarts", "replacements", "message",
+                        "masterPod", "startTime"}) {
+    if (status.contains(k)) applied_[k] = status[k];
+  }
+  if (status.contains("conditions") && status["conditions"].is_array()) {
+    conditions_ = status["conditions"];
+    applied_["conditions"] = conditions_;
+  }
+  last_round_ = status.value("round", int64_t{0});
+  last_restarts_ = status.value("restarts", 0);
+  last_nodes_ = status.value("nodes", 0);
+  started_ = status.contains("startTime");
+}
+
 // --- the master's loop ---
 
 int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* signal) {
@@ -232,6 +250,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   NodeCallbacks forward = ForwardTo(&manager);
   mo.on_node_lost = forward.lost;
   mo.on_node_excluded = forward.excluded;
+  mo.journal_dir = o.journal_dir;
   auto server = master::MasterServer::Start(mo);
   if (!server.ok()) {
     status.Finish(false, std::string(server.status().message()), 0, 0);
@@ -242,6 +261,9 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   spdlog::info("ElasticJob {}: master on {} (agents dial {}); nodes {}:{} x {} workers, {} spare(s)",
                job->Describe(), absl::StrCat(o.bind_host, ":", m.port()), m.address(), job->min_nodes,
                job->max_nodes, job->nproc_per_node, job->spares);
+  if (m.resumed()) {
+    if (const Json* st = kube::Find(*obj, {"status"}); st != nullptr) status.Resume(*st);
+  }
 
   KubernetesSchedulerOptions so;
   so.client = &client;
@@ -249,6 +271,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   so.master_endpoint = m.address();
   so.ballast = o.ballast;
   so.pending_timeout_s = job->pending_timeout_s;
+  so.adopt = m.resumed();  // the earlier master process's pods train on
   auto sched = KubernetesScheduler::Start(so);
   if (!sched.ok()) {
     m.Abort(std::string(sched.status().message()));
@@ -268,6 +291,14 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   NodeManager nodes(sched->get(), nmo);
   manager.store(&nodes);
   if (absl::Status s = nodes.Start(); !s.ok()) m.Abort(std::string(s.message()));
+  if (m.resumed()) {
+    const v1::JobStatus st = m.Status();
+    status.Event("MasterResumed",
+                 absl::StrCat("the master process restarted and resumed the job from its journal (round ", st.round(),
+                              ", ", st.restart_count(), " restart(s)); took over ", (*sched)->AdoptedNodes().size(),
+                              " worker pod(s), which train on"),
+                 true);
+  }
 
   std::set<std::string> cordoned;
   std::optional<master::JobResult> result;

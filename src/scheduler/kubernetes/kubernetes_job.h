@@ -32,6 +32,10 @@ struct KubernetesJobOptions {
   std::string token;           // required (the job's Secret, via BALLAST_TOKEN)
   std::string ballast = "ballast";
   std::string pod_name;        // this master's pod, for .status.masterPod
+  // The master's journal (`ballast master --journal`): "" none. When it holds
+  // the job (an earlier master process in this pod died), the master resumes
+  // it and takes over the worker pods instead of starting new ones.
+  std::string journal_dir;
 };
 
 // Runs the job to its end. Returns the exit code: 0 succeeded, 1 failed (or
@@ -59,6 +63,9 @@ class JobStatusWriter {
   // Sets .status fields (merged into what this master applied before), e.g.
   // {"phase": "Failed", "message": ...}, and applies the whole.
   void Patch(const kube::Json& fields);
+  // A master that resumed the job: carries on from the .status an earlier
+  // master process wrote (its fields stay applied; no second Started event).
+  void Resume(const kube::Json& status);
 
  private:
   void Enqueue(std::function<void()> task);

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::scheduler::kubernetes {
@@ -70,23 +71,72 @@ absl::StatusOr<std::unique_ptr<KubernetesScheduler>> KubernetesScheduler::Start(
     return absl::UnavailableError(absl::StrCat("cannot list the worker pods of ElasticJob ", job.Describe(), ": ",
                                                s->informer_->last_error()));
   }
-  // Pods of an earlier master of this job: their agents lost it. Gone before
-  // new ones start, so names never collide and no stale agent trains on.
-  std::vector<kube::Json> stale = s->informer_->List();
-  if (!stale.empty()) {
-    spdlog::warn("kubernetes: deleting {} worker pod(s) of ElasticJob {} left by an earlier master", stale.size(),
-                 job.Describe());
-    for (const kube::Json& pod : stale) {
-      const std::string name = kube::Str(pod, {"metadata", "name"});
-      auto r = s->options_.client->Delete(PodPath(job, name), kube::Json{{"gracePeriodSeconds", 0}},
-                                          absl::StrCat("delete pod ", job.ns, "/", name));
-      if (!r.ok() && !absl::IsNotFound(r.status())) return r.status();
-    }
-    const double deadline = Now() + 30;
-    while (!s->informer_->List().empty() && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (s->options_.adopt) {
+    s->AdoptPods();
+  } else {
+    RETURN_IF_ERROR(s->DeleteStalePods());
   }
   return s;
 }
+
+absl::Status KubernetesScheduler::DeleteStalePods() {
+  // Pods of an earlier master of this job: their agents lost it. Gone before
+  // new ones start, so names never collide and no stale agent trains on.
+  const ElasticJobSpec& job = options_.job;
+  std::vector<kube::Json> stale = informer_->List();
+  if (stale.empty()) return absl::OkStatus();
+  spdlog::warn("kubernetes: deleting {} worker pod(s) of ElasticJob {} left by an earlier master", stale.size(),
+               job.Describe());
+  for (const kube::Json& pod : stale) {
+    const std::string name = kube::Str(pod, {"metadata", "name"});
+    auto r = options_.client->Delete(PodPath(job, name), kube::Json{{"gracePeriodSeconds", 0}},
+                                     absl::StrCat("delete pod ", job.ns, "/", name));
+    if (!r.ok() && !absl::IsNotFound(r.status())) return r.status();
+  }
+  const double deadline = Now() + 30;
+  while (!informer_->List().empty() && Now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return absl::OkStatus();
+}
+
+void KubernetesScheduler::AdoptPods() {
+  // Every worker pod of the job becomes this scheduler's (ended ones too: a
+  // replacement must not reuse their names), then each is run through OnPod
+  // as the informer would: a pod that ended or is being deleted while no
+  // master watched is reported by the first Poll and replaced.
+  const std::vector<kube::Json> pods = informer_->List();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const kube::Json& pod : pods) {
+      const std::string name = kube::Str(pod, {"metadata", "name"});
+      const kube::Json* labels = kube::Find(pod, {"metadata", "labels"});
+      int rank = -1;
+      int incarnation = 0;
+      if (labels != nullptr && labels->is_object()) {
+        rank = std::atoi(labels->value(kRankLabel, "-1").c_str());
+        incarnation = std::atoi(labels->value(kIncarnationLabel, "0").c_str());
+      }
+      if (rank < 0 || incarnation < 1) {
+        spdlog::warn("kubernetes: pod {}/{} has no {} / {} labels; not taking it over", options_.job.ns, name,
+                     kRankLabel, kIncarnationLabel);
+        continue;
+      }
+      Pod& st = pods_[name];
+      st.node_rank = rank;
+      st.incarnation = incarnation;
+      st.created_at = Now();
+      st.created = true;
+      st.host = kube::Str(pod, {"spec", "nodeName"});
+      adopted_.push_back(AdoptedNode{name, rank, incarnation, st.host});
+    }
+  }
+  for (const kube::Json& pod : informer_->List()) OnPod("MODIFIED", pod);
+  if (!adopted_.empty()) {
+    spdlog::info("kubernetes: took over {} worker pod(s) of ElasticJob {} from the previous master process",
+                 adopted_.size(), options_.job.Describe());
+  }
+}
+
+std::vector<AdoptedNode> KubernetesScheduler::AdoptedNodes() const { return adopted_; }
 
 KubernetesScheduler::~KubernetesScheduler() {
   if (informer_) informer_->Stop();

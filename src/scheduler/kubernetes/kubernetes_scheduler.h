@@ -21,7 +21,9 @@
 // that, and the job fails with the API server's message.
 //
 // Start() deletes worker pods of the job that an earlier master left behind
-// (their agents lost that master) and waits until they are gone.
+// (their agents lost that master) and waits until they are gone; a master
+// that resumed its job from a journal (adopt) takes them over instead: their
+// agents reconnect to it and keep training (AdoptedNodes).
 //
 // Threading: LaunchNode/ReleaseNode/Poll/StopAll from one thread; the
 // informer thread and the pool threads share state under mu_.
@@ -53,6 +55,9 @@ struct KubernetesSchedulerOptions {
   double pending_timeout_s = 120;
   double force_delete_after_s = 5;      // after a released pod's grace period
   int api_threads = 8;
+  // Take over the job's existing worker pods (the master resumed from its
+  // journal) instead of deleting them.
+  bool adopt = false;
 };
 
 class KubernetesScheduler : public SchedulerInterface {
@@ -68,6 +73,7 @@ class KubernetesScheduler : public SchedulerInterface {
   // Deletes every pod of the job but those that Succeeded (kept for their
   // logs until the ElasticJob is deleted).
   void StopAll(double grace_s) override;
+  std::vector<AdoptedNode> AdoptedNodes() const override;
 
   // Non-OK when the API server refused a pod in a way no retry fixes.
   absl::Status fatal() const;
@@ -95,6 +101,9 @@ class KubernetesScheduler : public SchedulerInterface {
     std::string host;
   };
   void OnPod(const std::string& type, const kube::Json& pod);  // informer thread
+  // Start(): the worker pods an earlier master left, deleted or adopted.
+  absl::Status DeleteStalePods();
+  void AdoptPods();
   void Submit(std::function<void()> task);
   void Create(const std::string& name, kube::Json pod);
   // Deletes the pod (with a grace period) from a pool thread; one still being
@@ -110,6 +119,7 @@ class KubernetesScheduler : public SchedulerInterface {
   std::map<std::string, Pod> pods_;  // every pod this scheduler created, by name
   std::vector<NodeEvent> events_;
   absl::Status fatal_;
+  std::vector<AdoptedNode> adopted_;  // set by Start(), then read-only
 
   // The API call pool.
   std::mutex pool_mu_;
