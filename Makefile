@@ -4,9 +4,11 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries test unit integration kubernetes slurm demo install bench clean
+.PHONY: all deps configure build k8s-binaries test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -50,8 +52,18 @@ bench: build
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/ckpt_bench.py
 	/usr/bin/python3 bench/health_bench.py --ballast $(BUILD_DIR)/bin/ballast
 
+# libFuzzer targets (parsers of user input, the master's journal, the
+# checkpoint reader), built with clang and ASan in $(FUZZ_DIR), each run for
+# FUZZ_SECONDS from the seeds the replay tests write. Their replay tests run in
+# every `make test`.
+fuzz: build
+	@scripts/install-deps.sh clang-14 libclang-rt-14-dev
+	cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DBALLAST_FUZZ=ON
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target parser_fuzz master_journal_fuzz ckpt_reader_fuzz
+	scripts/fuzz.sh $(BUILD_DIR) $(FUZZ_DIR) $(FUZZ_SECONDS)
+
 install: build
 	cmake --install $(BUILD_DIR)
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(FUZZ_DIR)

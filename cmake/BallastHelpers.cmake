@@ -4,6 +4,8 @@
 #   -> static library ballast_foo with alias ballast::foo
 # ballast_cc_test(NAME foo_test SRCS foo_test.cc DEPS ballast::foo LABELS unit)
 #   -> gtest executable registered with CTest under the given labels
+# ballast_fuzz_target(NAME foo_fuzz SRCS foo_fuzz.cc DEPS ballast::foo)
+#   -> a libFuzzer executable, only with -DBALLAST_FUZZ=ON (clang; `make fuzz`)
 include(GoogleTest)
 
 function(ballast_cc_library)
@@ -40,4 +42,16 @@ function(ballast_cc_test)
   gtest_discover_tests(${B_NAME}
     PROPERTIES LABELS "${B_LABELS}" TIMEOUT ${B_TIMEOUT} RUN_SERIAL ${serial}
     DISCOVERY_TIMEOUT 60)
+endfunction()
+
+function(ballast_fuzz_target)
+  cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  if(NOT BALLAST_FUZZ)
+    return()
+  endif()
+  add_executable(${B_NAME} ${B_SRCS})
+  target_compile_options(${B_NAME} PRIVATE -fsanitize=fuzzer ${BALLAST_WARNINGS})
+  target_link_options(${B_NAME} PRIVATE -fsanitize=fuzzer)
+  target_link_libraries(${B_NAME} PRIVATE ${B_DEPS})
+  set_property(GLOBAL APPEND PROPERTY BALLAST_FUZZ_TARGETS ${B_NAME})
 endfunction()

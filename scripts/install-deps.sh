@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Ballast builds and tests with. Idempotent: does
-# nothing (and needs no network) when every package is already installed.
+# Installs the Debian 12 packages Ballast builds and tests with, and any named
+# on the command line (`make fuzz` adds clang). Idempotent: does nothing (and
+# needs no network) when every package is already installed.
 set -euo pipefail
 PKGS=(
   cmake ninja-build g++ make pkg-config
@@ -18,6 +19,7 @@ PKGS=(
   # (slurmctld + one slurmd per network namespace, munge auth) built by
   # tests/slurm/slurm_cluster.py.
   slurmctld slurmd slurm-client munge
+  "$@"
 )
 missing=()
 for p in "${PKGS[@]}"; do

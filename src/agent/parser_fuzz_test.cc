@@ -5,15 +5,19 @@
 // every input is either accepted or refused with kInvalidArgument and a
 // message (the CLI prints it and exits 2). The journal's parser has its own
 // (master/journal_fuzz_replay_test.cc), the checkpoint reader too.
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "agent/run_options.h"
 #include "common/chaos.h"
+#include "common/fuzz_seed.h"
 #include "common/net.h"
 #include "common/node_range.h"
 #include "gtest/gtest.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace ballast::agent {
 namespace {
@@ -88,6 +92,23 @@ TEST(ParserFuzz, RunFlagValuesNeverCrashAndRefuseClearly) {
                                            : std::vector<std::string>{flag, value};
     args.push_back("train.py");
     ExpectAcceptedOrInvalid(ParseRunArgs(args), flag + " " + value);
+  }
+}
+
+// The libFuzzer target's entry point (parser_fuzz.cc, `make fuzz`) over the
+// same kind of mutations: it aborts on a refusal without a clear message.
+TEST(ParserFuzz, FuzzEntryPointReplaysMutations) {
+  std::mt19937 rng(13);
+  const std::vector<std::string> seeds = {"check-fail:node=1", "2:4", "127.0.0.1:29400", "1:2", "2", "3",
+                                          "h:1", "last_call_timeout=1,join_timeout=5", "0", "29500", "0.05",
+                                          "30", "1", "0:1,1:2", "3", "2", "8080", "a,b", "1"};
+  for (size_t p = 0; p < seeds.size(); ++p) {
+    WriteFuzzSeed("parser_fuzz", "seed" + std::to_string(p), std::string(1, static_cast<char>(p)) + seeds[p]);
+  }
+  for (int i = 0; i < 6000; ++i) {
+    const size_t parser = rng() % seeds.size();
+    std::string input = std::string(1, static_cast<char>(parser)) + Mutate(rng, seeds[parser]);
+    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(input.data()), input.size());
   }
 }
 

@@ -8,6 +8,7 @@
 #include "ckpt/checksum.h"
 #include "ckpt/format.h"
 #include "ckpt/test_util.h"
+#include "common/fuzz_seed.h"
 #include "gtest/gtest.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
@@ -67,6 +68,8 @@ void Feed(const std::vector<uint8_t>& input, Tally* tally) {
 
 TEST(CkptReaderFuzzReplay, ValidImageParses) {
   auto img = ValidImage();
+  WriteFuzzSeed("ckpt_reader_fuzz", "valid_image",
+                std::string_view(reinterpret_cast<const char*>(img.data()), img.size()));
   Tally t;
   Feed(img, &t);
   EXPECT_EQ(t.ok, 1);

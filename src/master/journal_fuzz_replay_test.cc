@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "common/fuzz_seed.h"
 #include "gtest/gtest.h"
 #include "master/job_master.h"
 #include "master/journal.h"
@@ -71,6 +72,7 @@ TEST(JournalFuzzReplayTest, MutatedJournalsOpenAndResumeWithoutCrashing) {
   std::filesystem::remove_all(dir);
   const std::string good = RealJournal(dir);
   ASSERT_GT(good.size(), 200u);
+  WriteFuzzSeed("master_journal_fuzz", "real_job", std::string_view(good).substr(kJournalMagic.size()));
   std::mt19937 rng(12345);
   int resumed = 0;
   for (int i = 0; i < 3000; ++i) {
