@@ -107,10 +107,7 @@ void CkptPersister::Stop() {
   for (std::thread& t : threads_) t.join();
   threads_.clear();
   // A breakpoint save handed to the thread is written even when stopping.
-  for (auto& sp : stores_) {
-    std::lock_guard<std::mutex> store_lock(sp->mu);
-    WriteBreakpointLocked(*sp, options_.breakpoint_report_timeout_s);
-  }
+  for (auto& sp : stores_) WriteBreakpointAndReport(*sp, options_.breakpoint_report_timeout_s);
 }
 
 void CkptPersister::Loop(Store& store) {
@@ -132,8 +129,15 @@ void CkptPersister::PollOnce() {
 }
 
 void CkptPersister::PollStore(Store& s) {
-  std::lock_guard<std::mutex> lock(s.mu);
-  WriteBreakpointLocked(s, options_.report_timeout_s);
+  WriteBreakpointAndReport(s, options_.report_timeout_s);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    PollStoreLocked(s);
+  }
+  ReportPending(s, options_.report_timeout_s);
+}
+
+void CkptPersister::PollStoreLocked(Store& s) {
   std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
   if (!cfg.has_value()) return;  // the worker never asked for persistence
   const auto now = Clock::now();
@@ -158,7 +162,7 @@ void CkptPersister::PollStore(Store& s) {
       s.skipped_request = requested;  // nothing newer than what is on disk
     } else {
       const uint64_t step = pin->step();
-      absl::Status st = PersistLocked(s, *std::move(pin), *cfg, options_.report_timeout_s);
+      absl::Status st = PersistLocked(s, *std::move(pin), *cfg);
       if (st.ok()) {
         s.failed_attempts = 0;
       } else {
@@ -182,7 +186,6 @@ void CkptPersister::PollStore(Store& s) {
       }
     }
   }
-  if (s.unreported.has_value() && Clock::now() >= s.report_retry_at) ReportLocked(s, options_.report_timeout_s);
   // Commits made by other agents: `latest` is the truth about what is
   // globally committed (it only moves after COMPLETE). Cheap (a tiny file),
   // and only read while this store has a durable step not known committed.
@@ -194,8 +197,7 @@ void CkptPersister::PollStore(Store& s) {
   }
 }
 
-absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg,
-                                          double report_timeout_s) {
+absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg) {
   const uint64_t step = pin.step();
   // Header and index only (the data checksum travels in the header and is
   // verified by whoever loads the file): never write something that is not a
@@ -212,12 +214,18 @@ absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const 
   // durable_step() may then rely on the file surviving a crash.
   s.slots->MarkDurable(step);
   s.unreported = Store::Unreported{step, cfg};
-  ReportLocked(s, report_timeout_s);
+  s.report_retry_at = Clock::now();  // due at once
   return absl::OkStatus();
 }
 
-void CkptPersister::ReportLocked(Store& s, double timeout_s) {
-  const Store::Unreported u = *s.unreported;
+void CkptPersister::ReportPending(Store& s, double timeout_s) {
+  Store::Unreported u;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.unreported.has_value() || Clock::now() < s.report_retry_at) return;
+    u = *std::move(s.unreported);
+    s.unreported.reset();  // ours to report; put back below if it must be retried
+  }
   v1::ShardDurableReport report;
   report.set_node_id(options_.node_id);
   report.set_round(round_.load());
@@ -229,25 +237,32 @@ void CkptPersister::ReportLocked(Store& s, double timeout_s) {
       reporter_ ? reporter_(report, timeout_s) : absl::UnavailableError("no master to report to");
   bool commit = false;
   if (r.ok()) {
-    s.unreported.reset();
     commit = r->commit();
   } else if (Retryable(r.status())) {
-    s.report_retry_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.retry_after_s));
     // Without the master (lost, or gone after the job ended) the shards on
     // disk are still the truth: commit when every rank's is there. Commits
     // are serialized by a lock file and idempotent, so a later commit by the
     // master's chosen reporter does no harm.
     commit = ckpt::AllShardsDurable(u.config.dir, u.step, u.config.world_size);
-    if (commit) s.unreported.reset();  // `latest` will say it; the master need not
-    if (commit || s.report_warned_step != u.step) {
+    bool warn = false;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (!commit && u.step >= s.slots->durable_step() && !s.unreported.has_value()) {
+        // Retried later, unless a newer shard of this store became durable
+        // meanwhile (its report stands for this store's progress).
+        s.unreported = u;
+        s.report_retry_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(options_.retry_after_s));
+      }
+      warn = commit || s.report_warned_step != u.step;
       s.report_warned_step = u.step;
+    }
+    if (warn) {
       spdlog::warn("could not report durable checkpoint step {} to the master: {}{} {}", u.step,
                    r.status().ToString(),
                    commit ? "; all shards are on disk, committing it here" : "; retrying", Keys(u.config));
     }
   } else {
-    s.unreported.reset();
     spdlog::error("the master refused the durable checkpoint step {}: {} {}", u.step, r.status().ToString(),
                   Keys(u.config));
   }
@@ -271,8 +286,8 @@ int CkptPersister::BreakpointSave(const std::string& why) {
   double report_timeout_s = options_.breakpoint_report_timeout_s;
   for (auto& sp : stores_) {
     Store& s = *sp;
+    written += WriteBreakpointAndReport(s, report_timeout_s) ? 1 : 0;
     std::lock_guard<std::mutex> lock(s.mu);
-    written += WriteBreakpointLocked(s, report_timeout_s) ? 1 : 0;
     if (s.unreported.has_value()) report_timeout_s = 0.2;
   }
   return written;
@@ -296,7 +311,17 @@ int CkptPersister::BreakpointSaveAsync(const std::string& why) {
   return pinned;
 }
 
-bool CkptPersister::WriteBreakpointLocked(Store& s, double report_timeout_s) {
+bool CkptPersister::WriteBreakpointAndReport(Store& s, double report_timeout_s) {
+  bool written = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    written = WriteBreakpointLocked(s);
+  }
+  ReportPending(s, report_timeout_s);
+  return written;
+}
+
+bool CkptPersister::WriteBreakpointLocked(Store& s) {
   std::optional<Store::PendingBreakpoint> pending;
   {
     std::lock_guard<std::mutex> bp_lock(s.bp_mu);
@@ -307,7 +332,7 @@ bool CkptPersister::WriteBreakpointLocked(Store& s, double report_timeout_s) {
   const uint64_t step = b.pin.step();
   if (step <= s.slots->durable_step()) return false;
   const auto t0 = Clock::now();
-  absl::Status st = PersistLocked(s, std::move(b.pin), b.config, report_timeout_s);
+  absl::Status st = PersistLocked(s, std::move(b.pin), b.config);
   if (!st.ok()) {
     spdlog::error("breakpoint save of step {} to {} failed: {} {}", step, b.config.dir, st.ToString(), Keys(b.config));
     return false;

@@ -27,10 +27,12 @@
 //
 // Threading: one poll thread per store (a slow shard write of one rank must
 // not hold up another's), and the agent's main thread (BreakpointSave) may
-// touch the same store; a per-store mutex serializes persisting it (both
-// write the same <shard>.tmp). SlotStore's pin/inspect/channel calls are
-// thread-safe themselves. The reporter is called from both threads and must
-// be thread-safe (MasterClient is). set_round is thread-safe.
+// touch the same store; a per-store mutex serializes writing it (both write
+// the same <shard>.tmp) and is never held across a report to the master: a
+// slow master holds up neither a breakpoint save nor the next write.
+// SlotStore's pin/inspect/channel calls are thread-safe themselves. The
+// reporter is called from both threads and must be thread-safe (MasterClient
+// is). set_round is thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -139,8 +141,9 @@ class CkptPersister {
   struct Store {
     int local_rank = 0;
     std::unique_ptr<ckpt::SlotStore> slots;
-    // Serializes persisting this store (poll thread vs a final breakpoint
-    // save); held across a shard write and its report.
+    // Serializes writing this store's shards (poll thread vs a final
+    // breakpoint save) and guards the fields below; held across a shard
+    // write, never across a report (ReportPending).
     std::mutex mu;
     // Guards only `breakpoint`, so BreakpointSaveAsync (the agent's event
     // loop, at a restart) never waits for a write or an RPC in progress.
@@ -178,13 +181,20 @@ class CkptPersister {
   CkptPersister(CkptPersisterOptions options, ShardReporter reporter);
   void Loop(Store& store);  // one store's thread
   void PollStore(Store& s);
-  // Writes the pinned step as cfg.rank's shard, marks it durable, reports it.
-  absl::Status PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg, double report_timeout_s)
+  // PollStore's decisions and write, under s.mu.
+  void PollStoreLocked(Store& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Writes the pinned step as cfg.rank's shard and marks it durable; its
+  // report is due at once (ReportPending).
+  absl::Status PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Writes s.breakpoint, if any (and clears it). Returns true if it wrote one.
-  bool WriteBreakpointLocked(Store& s, double report_timeout_s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // Reports s.unreported to the master and commits the step if told to.
-  void ReportLocked(Store& s, double timeout_s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  bool WriteBreakpointLocked(Store& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Reports the store's unreported durable shard, if one is due, with s.mu
+  // released during the call, and commits the step if told to. A failed
+  // report is put back for a retry (unless a newer shard is waiting).
+  void ReportPending(Store& s, double timeout_s) ABSL_LOCKS_EXCLUDED(s.mu);
+  // Writes, under s.mu, then reports a pending breakpoint save.
+  bool WriteBreakpointAndReport(Store& s, double report_timeout_s) ABSL_LOCKS_EXCLUDED(s.mu);
   std::string Keys(const ckpt::PersistConfig& cfg) const;  // "node= rank= round=" log keys
 
   const CkptPersisterOptions options_;

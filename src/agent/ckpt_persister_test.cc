@@ -250,6 +250,57 @@ TEST(AgentCkptPersisterSlowMaster, ABreakpointSaveAtARestartDoesNotWaitForARepor
   fs::remove_all(dir, ec);
 }
 
+TEST(AgentCkptPersisterSlowMaster, AFinalBreakpointSaveWritesWhileTheLastReportIsStillInFlight) {
+  // The master takes 1.5 s to answer the report of step 1; meanwhile the
+  // agent exits and saves step 2 (BreakpointSave): its write and report must
+  // not wait behind step 1's report (the store's lock is not held across it).
+  std::atomic<bool> in_report{false};
+  ShardReporter slow = [&](const v1::ShardDurableReport& r, double) -> absl::StatusOr<v1::ShardDurableResponse> {
+    if (r.step() == 1) {
+      in_report = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
+    v1::ShardDurableResponse resp;
+    resp.set_commit(true);  // one rank: every report completes its step
+    return resp;
+  };
+  const std::string dir = MakeTempDir("slowreport");
+  CkptPersisterOptions o;
+  o.node_id = "node-s";
+  o.local_world_size = 1;
+  o.name_prefix = CkptStorePrefix(absl::StrCat("slowreport-", dir), getpid());
+  o.retry_after_s = 0;
+  auto p = CkptPersister::Create(o, slow);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto w = ckpt::SlotStore::Open((*p)->store_name(0));
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto save = [&](uint64_t step, bool persist) {
+    std::vector<uint8_t> img = ImageForStep(step);
+    auto write = (*w)->BeginSave(step, img.size());
+    ASSERT_TRUE(write.ok());
+    std::memcpy(write->image(), img.data(), img.size());
+    ASSERT_TRUE((*w)->Commit(&*write, img.size()).ok());
+    ASSERT_TRUE((*w)->SetPersistConfig({dir, 0, 1, 3}).ok());
+    if (persist) (*w)->RequestPersist(step);
+  };
+  save(1, true);
+  std::thread poll([&] { (*p)->PollOnce(); });  // writes step 1, then reports it (1.5 s)
+  while (!in_report) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  save(2, false);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ((*p)->BreakpointSave("the agent is exiting"), 1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0)
+      << "the breakpoint save waited for step 1's report";
+  EXPECT_EQ((*w)->durable_step(), 2u);
+  EXPECT_EQ(*ckpt::ReadLatestStep(dir), 2u);
+  poll.join();
+  EXPECT_EQ(*ckpt::ReadLatestStep(dir), 2u) << "step 1's late commit does not move `latest` back";
+  w->reset();
+  p->reset();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 TEST_F(AgentCkptPersisterTest, BreakpointSavePersistsTheNewestInMemoryStepOnce) {
   Save(0, 5, true);
   Save(1, 5, true);
