@@ -410,7 +410,7 @@ void Agent::PublishState() {
     ws->set_local_rank(w.local_rank);
     ws->set_global_rank(w.global_rank);
     ws->set_pid(w.pid);
-    ws->set_state(w.state);
+    ws->set_state(WorkerStateName(w.state));
   }
   std::lock_guard<std::mutex> lock(mu_);
   heartbeat_ = std::move(hb);
@@ -943,7 +943,7 @@ void Agent::TrackTimeline() {
   bool all_pg_up = !workers.empty();
   int running = 0;
   for (const WorkerInfo& w : workers) {
-    if (w.state != "running") continue;
+    if (w.state != WorkerState::kRunning) continue;
     ++running;
     pg_up_s = std::max(pg_up_s, w.pg_up_s);
     all_pg_up = all_pg_up && w.pg_up_s > 0;
@@ -1007,7 +1007,7 @@ void Agent::CheckHangs() {
   };
   std::vector<Hung> hung;
   for (const WorkerInfo& w : workers) {
-    if (w.state != "running" || w.local_rank >= progress_->num_cells()) continue;
+    if (w.state != WorkerState::kRunning || w.local_rank >= progress_->num_cells()) continue;
     const CellSnapshot c = progress_->Read(w.local_rank);
     const HangVerdict cv = CheckHang(c, now, round_started_ns_, hang_);
     if (cv.hung) hung.push_back({&w, c, cv, {}});
@@ -1028,7 +1028,7 @@ void Agent::CheckHangs() {
   const auto share = std::chrono::duration<double>(wait_s / std::max<size_t>(1, workers.size()));
   std::vector<const WorkerInfo*> dumped;
   for (const WorkerInfo& o : workers) {
-    if (o.state != "running" || o.pid <= 0) continue;
+    if (o.state != WorkerState::kRunning || o.pid <= 0) continue;
     spdlog::info("Python stacks of rank {} (local rank {}, pid {}):", o.global_rank, o.local_rank, o.pid);
     workers_->StartStderrCapture(o.local_rank);
     kill(o.pid, SIGUSR1);

@@ -345,19 +345,33 @@ std::string WorkerGroup::StderrTail(const Worker& w) {
   return absl::StrJoin(w.err->tail, "\n");
 }
 
+const char* WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::kRunning:
+      return "running";
+    case WorkerState::kSucceeded:
+      return "succeeded";
+    case WorkerState::kFailed:
+      return "failed";
+    case WorkerState::kStopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
 std::vector<WorkerEvent> WorkerGroup::Poll() {
   std::vector<WorkerEvent> events;
   bool all_ok = !workers_.empty();
   for (auto& w : workers_) {
-    if (w.state == "running") {
+    if (w.state == WorkerState::kRunning) {
       auto st = w.process.Poll();
       if (st.has_value()) {
-        w.state = st->ok() ? "succeeded" : "failed";
+        w.state = st->ok() ? WorkerState::kSucceeded : WorkerState::kFailed;
         // The worker's own children may still hold its pipes: make sure none survive it.
         w.process.Signal(SIGKILL);
       }
     }
-    if (w.state == "failed" && !w.reported) {
+    if (w.state == WorkerState::kFailed && !w.reported) {
       w.reported = true;
       // The last lines may still sit in the pipe: read them before reporting so
       // the failure report carries the actual error.
@@ -372,7 +386,7 @@ std::vector<WorkerEvent> WorkerGroup::Poll() {
       e.stderr_tail = StderrTail(w);
       events.push_back(std::move(e));
     }
-    all_ok &= w.state == "succeeded";
+    all_ok &= w.state == WorkerState::kSucceeded;
   }
   if (all_ok && !all_succeeded_reported_) {
     all_succeeded_reported_ = true;
@@ -387,9 +401,9 @@ std::vector<WorkerEvent> WorkerGroup::Poll() {
 void WorkerGroup::Stop(double grace_s, const std::atomic<bool>* kill_now) {
   bool any = false;
   for (auto& w : workers_) {
-    if (w.state != "running") continue;
+    if (w.state != WorkerState::kRunning) continue;
     if (w.process.Poll().has_value()) {
-      w.state = w.process.status()->ok() ? "succeeded" : "failed";
+      w.state = w.process.status()->ok() ? WorkerState::kSucceeded : WorkerState::kFailed;
       continue;
     }
     any = true;
@@ -400,14 +414,14 @@ void WorkerGroup::Stop(double grace_s, const std::atomic<bool>* kill_now) {
   while (any && Clock::now() < deadline && !(kill_now != nullptr && kill_now->load())) {
     any = false;
     for (auto& w : workers_)
-      if (w.state == "running" && !w.process.Poll().has_value()) any = true;
+      if (w.state == WorkerState::kRunning && !w.process.Poll().has_value()) any = true;
     if (any) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   for (auto& w : workers_) {
     // Terminate(0) SIGKILLs and reaps a live worker, and SIGKILLs what is left
     // of an exited worker's process group.
     w.process.Terminate(0);
-    if (w.state == "running") w.state = "stopped";
+    if (w.state == WorkerState::kRunning) w.state = WorkerState::kStopped;
   }
   StopReader(1.0);
   if (wake_pipe_[0] >= 0) close(wake_pipe_[0]);
@@ -450,7 +464,7 @@ void WorkerGroup::StopReader(double drain_s) {
 
 bool WorkerGroup::AnyRunning() const {
   for (const auto& w : workers_)
-    if (w.state == "running") return true;
+    if (w.state == WorkerState::kRunning) return true;
   return false;
 }
 

@@ -91,11 +91,16 @@ struct WorkerEvent {
   std::string stderr_tail;  // last stderr_tail_lines lines, '\n'-joined
 };
 
+// Where a worker is in its life (HeartbeatRequest.workers carries its name).
+enum class WorkerState { kRunning, kSucceeded, kFailed, kStopped };
+// "running", "succeeded", "failed", "stopped".
+const char* WorkerStateName(WorkerState state);
+
 struct WorkerInfo {
   int local_rank = 0;
   int global_rank = 0;
   pid_t pid = -1;
-  std::string state;  // "running", "succeeded", "failed", "stopped"
+  WorkerState state = WorkerState::kRunning;
   bool warm = false;  // started in a warm interpreter
   // From a warm worker's bootstrap (CLOCK_MONOTONIC seconds, -1 unknown):
   // init_process_group called and returned.
@@ -169,7 +174,7 @@ class WorkerGroup {
     int global_rank = 0;
     pid_t pid = -1;
     Subprocess process;
-    std::string state = "running";
+    WorkerState state = WorkerState::kRunning;
     bool reported = false;
     Stream* out = nullptr;  // owned by streams_
     Stream* err = nullptr;

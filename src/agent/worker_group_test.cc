@@ -186,8 +186,8 @@ TEST(WorkerGroup, ReportsAFailingWorkerWithExitCodeAndStderrTail) {
   EXPECT_TRUE(g.Poll().empty());
   auto workers = g.Workers();
   ASSERT_EQ(workers.size(), 2u);
-  EXPECT_EQ(workers[0].state, "succeeded");
-  EXPECT_EQ(workers[1].state, "failed");
+  EXPECT_EQ(workers[0].state, WorkerState::kSucceeded);
+  EXPECT_EQ(workers[1].state, WorkerState::kFailed);
   g.Stop(1);
   // Raw lines on the console by default.
   EXPECT_THAT(ReadFile(console.path), HasSubstr("err29\n"));
@@ -223,7 +223,7 @@ TEST(WorkerGroup, StopKillsAWorkerThatIgnoresSigtermAfterTheGrace) {
   EXPECT_LT(took, 3.0);
   EXPECT_FALSE(ProcessAlive(pid));
   EXPECT_FALSE(g.AnyRunning());
-  EXPECT_EQ(g.Workers()[0].state, "stopped");
+  EXPECT_EQ(g.Workers()[0].state, WorkerState::kStopped);
 }
 
 TEST(WorkerGroup, StopEndsAtOnceWhenKillNowIsSet) {

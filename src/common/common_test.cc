@@ -2,15 +2,20 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "common/net.h"
 #include "common/node_range.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace ballast {
 namespace {
@@ -232,6 +237,29 @@ TEST(LocalAddressToward, LoopbackMasterGivesLoopbackAndNumericResolution) {
   EXPECT_EQ(*ResolveNumeric("127.0.0.1"), (std::vector<std::string>{"127.0.0.1"}));
   EXPECT_TRUE(IsLoopbackHost("localhost"));
   EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
+}
+
+TEST(DeferLogs, LinesLoggedInsideAreWrittenWhenTheOutermostScopeEnds) {
+  std::ostringstream out;
+  spdlog::logger logger("defer-test", DeferringSink(std::make_shared<spdlog::sinks::ostream_sink_mt>(out)));
+  logger.set_pattern("%v");
+  logger.info("before");
+  EXPECT_EQ(out.str(), "before\n");
+  {
+    DeferLogs outer;
+    logger.info("one");
+    {
+      DeferLogs inner;
+      logger.warn("two");
+    }
+    EXPECT_EQ(out.str(), "before\n") << "nothing written while a scope is open";
+    // Another thread is not deferred.
+    std::thread([&] { logger.info("other thread"); }).join();
+    EXPECT_EQ(out.str(), "before\nother thread\n");
+  }
+  EXPECT_EQ(out.str(), "before\nother thread\none\ntwo\n");
+  logger.info("after");
+  EXPECT_EQ(out.str(), "before\nother thread\none\ntwo\nafter\n");
 }
 
 }  // namespace

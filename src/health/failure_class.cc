@@ -140,8 +140,16 @@ const char* FailureKindName(FailureKind kind) {
     case FailureKind::kCheckFailed: return "check-failed";
     case FailureKind::kUnreachable: return "unreachable";
     case FailureKind::kStoreTimeout: return "store-timeout";
+    case FailureKind::kNodeLost: return "node-lost";
   }
   return "unknown";
+}
+
+std::optional<FailureKind> ParseFailureKind(std::string_view name) {
+  for (int k = 0; k <= static_cast<int>(FailureKind::kNodeLost); ++k) {
+    if (name == FailureKindName(static_cast<FailureKind>(k))) return static_cast<FailureKind>(k);
+  }
+  return std::nullopt;
 }
 
 }  // namespace ballast::health

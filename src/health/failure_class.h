@@ -9,6 +9,7 @@
 // Thread safety: stateless; all functions are thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,7 @@ enum class FailureKind {
   kCheckFailed,  // the pre-flight check failed on this node
   kUnreachable,  // this node cannot reach the round's MASTER_ADDR
   kStoreTimeout, // the workers' process group did not form in time
+  kNodeLost,     // the master lost the whole node (its failure record; no worker reports it)
 };
 
 // What the supervisor knows about one failure.
@@ -55,7 +57,10 @@ FailureClass Classify(const FailureEvidence& evidence);
 
 // "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
 // "cuda-error", "nccl-error", "hang", "check-failed", "unreachable",
-// "store-timeout".
+// "store-timeout", "node-lost".
 const char* FailureKindName(FailureKind kind);
+// The kind a name stands for (FailureKindName's inverse); nullopt for any
+// other text.
+std::optional<FailureKind> ParseFailureKind(std::string_view name);
 
 }  // namespace ballast::health

@@ -90,5 +90,15 @@ TEST(FailureKindName, Names) {
   EXPECT_STREQ(FailureKindName(FailureKind::kNcclError), "nccl-error");
 }
 
+TEST(FailureKindName, ParseIsItsInverseAndRefusesOtherText) {
+  for (int k = 0; k <= static_cast<int>(FailureKind::kNodeLost); ++k) {
+    const auto kind = static_cast<FailureKind>(k);
+    EXPECT_EQ(ParseFailureKind(FailureKindName(kind)), kind) << FailureKindName(kind);
+  }
+  EXPECT_EQ(ParseFailureKind(""), std::nullopt);
+  EXPECT_EQ(ParseFailureKind("Hang"), std::nullopt);
+  EXPECT_EQ(ParseFailureKind("unknown"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace ballast::health

@@ -14,6 +14,7 @@
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "common/replica_record.h"
+#include "health/failure_class.h"
 #include "master/straggler.h"
 #include "spdlog/spdlog.h"
 
@@ -134,13 +135,14 @@ JobMaster::JobMaster(JobMasterOptions options)
       events_(clock_, start_time_),
       rdzv_(MakeRendezvousConfig(options_)),
       nodes_(clock_, options_.heartbeat_timeout_s),
-      policy_(options_.max_restarts) {
+      policy_(options_.max_restarts),
+      arbiter_(options_.failure_settle_s, options_.hang_settle_s) {
   message_ = absl::StrCat("waiting for nodes (--nnodes ", NnodesText(), ")");
   precheck_.enabled = options_.precheck;
   precheck_.exclude_stragglers = options_.exclude_stragglers;
   precheck_.coordinator = PrecheckCoordinator(options_.precheck_options);
   if (journal_ == nullptr) return;
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   if (journal_->recovered()) {
     Restore(journal_->state());
     return;
@@ -222,37 +224,10 @@ const char* const JobMaster::kAwaitingCheckReason =
     "(--network-check)";
 
 void JobMaster::Push(const std::string& node_id, v1::Decision d) {
-  auto it = outboxes_.find(node_id);
-  if (it == outboxes_.end()) return;
-  Outbox& ob = *it->second;
-  ++decisions_pushed_;
-  spdlog::info("job={} node={} round={} decision={}", options_.job_id, node_id, round_,
-               DescribeDecision(d));
-  // StopWorkers is a transition, not a state: a reconnecting agent needs the
-  // Wait or StartRound that follows it, not the stop itself.
-  if (!d.has_stop_workers()) ob.current = d;
-  // Without an open stream there is nothing to queue: OpenWatch starts the
-  // next stream from `current`.
-  if (!ob.watcher_active) return;
-  if (ob.sink != nullptr) {
-    ob.sink->Deliver(d);  // queues an asynchronous write: no I/O under the lock
-    return;
+  const std::string what = DescribeDecision(d);
+  if (outboxes_.Push(node_id, std::move(d))) {
+    spdlog::info("job={} node={} round={} decision={}", options_.job_id, node_id, round_, what);
   }
-  ob.queue.push_back(std::move(d));
-  ob.cv.SignalAll();
-}
-
-void JobMaster::EndStream(Outbox* ob, const absl::Status& status) {
-  if (ob->sink != nullptr) {
-    ob->sink->End(status);
-    ob->sink.reset();
-  }
-  ob->cv.SignalAll();
-}
-
-absl::Status JobMaster::GoneStatus(const std::string& node_id, const Outbox& ob) {
-  return absl::NotFoundError(
-      absl::StrCat("node ", node_id, " is no longer part of the job (", ob.closed_reason, "): join again"));
 }
 
 void JobMaster::PushWait(const std::string& node_id, const std::string& reason) {
@@ -450,7 +425,7 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
       r.set_node_rank(world_.Find(id)->group_rank);
       r.set_global_rank(-1);
       r.set_cause(reason);
-      r.set_kind("node-lost");
+      r.set_kind(health::FailureKindName(health::FailureKind::kNodeLost));
       r.set_detection_s(std::max(0.0, now - rec->last_heartbeat));
       broke.push_back(std::move(r));
     }
@@ -461,12 +436,7 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     gone_record.mutable_node_gone()->set_state(std::string(NodeStateName(how)));
     gone_record.mutable_node_gone()->set_reason(reason);
     Record(std::move(gone_record), /*sync=*/false);  // the round record that follows syncs it
-    if (auto it = outboxes_.find(id); it != outboxes_.end()) {
-      it->second->closed = true;
-      it->second->closed_reason = reason;
-      EndStream(it->second.get(), GoneStatus(id, *it->second));
-      outboxes_.erase(it);
-    }
+    outboxes_.Remove(id, reason);
     spdlog::warn("job={} node={} round={} lost: {}{}", options_.job_id, id, round_, reason,
                  member ? " (a member of the round)" : "");
     events_.Append("node_lost", round_, id, reason);
@@ -532,7 +502,7 @@ void JobMaster::Finish(bool succeeded, const std::string& message) {
 }
 
 void JobMaster::Abort(const std::string& message) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   if (finished()) return;
   Finish(false, absl::StartsWith(message, "job failed") ? message : absl::StrCat("job failed: ", message));
 }
@@ -567,10 +537,10 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
                  std::string(s.message()));
     return s;
   }
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   // A known node re-joining a finished job (its master restarted after the
   // end) is let in to fetch its JobFinished.
-  if (finished() && nodes_.IsAlive(n.node_id()) && outboxes_.count(n.node_id()) > 0) return JoinAnswer();
+  if (finished() && nodes_.IsAlive(n.node_id()) && outboxes_.Contains(n.node_id())) return JoinAnswer();
   if (finished()) {
     spdlog::warn("job={} node={} join refused: job already finished", options_.job_id,
                  n.node_id());
@@ -615,7 +585,7 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     spdlog::info("job={} node={} round={} re-joined (host {})", options_.job_id, n.node_id(),
                  round_, n.host());
   } else {
-    outboxes_[n.node_id()] = std::make_shared<Outbox>();
+    outboxes_.Add(n.node_id());
     spdlog::info("job={} node={} round={} joined: host {} pid {} local_world_size {} "
                  "rank_hint {} ({} nodes alive)",
                  options_.job_id, n.node_id(), round_, n.host(), n.pid(), n.local_world_size(),
@@ -651,7 +621,7 @@ v1::JoinResponse JobMaster::JoinAnswer() const {
 absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
   LostList lost;
   {
-    absl::MutexLock lock(&mu_);
+    JobLock lock(&mu_);
     if (!nodes_.IsAlive(request.node_id())) return absl::OkStatus();  // idempotent
     std::string reason =
         request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason());
@@ -663,7 +633,7 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
 }
 
 absl::Status JobMaster::Heartbeat(const v1::HeartbeatRequest& request) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   absl::Status s = nodes_.Heartbeat(request.node_id());
   if (!s.ok()) {
     spdlog::warn("job={} node={} heartbeat refused: {}", options_.job_id, request.node_id(),
@@ -678,7 +648,12 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
   TruncateFront(report.mutable_stderr_tail());
   TruncateFront(report.mutable_cause());
   TruncateFront(report.mutable_hang_top_frame());
-  absl::MutexLock lock(&mu_);
+  if (!report.kind().empty() && !health::ParseFailureKind(report.kind()).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("failure report of node ", report.node_id(),
+                                                   ": unknown failure kind \"", report.kind(),
+                                                   "\" (see src/health/failure_class.h for the kinds)"));
+  }
+  JobLock lock(&mu_);
   const NodeRecord* rec = nodes_.Find(report.node_id());
   if (rec == nullptr) {
     spdlog::warn("job={} node={} failure report refused: unknown node", options_.job_id,
@@ -704,18 +679,14 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", report.node_id(), " is not a member of round ", round_));
   }
-  // With one node in the round no other node's loss can be behind the
-  // failure: decide at once.
-  const double settle_s = SettleSeconds(report);
-  if ((settle_s > 0 || DisconnectedMember(report.node_id()).has_value()) &&
-      pending_failures_.size() < kMaxHeldFailures) {
+  const double settle_s = arbiter_.SettleSeconds(report, world_.members.size());
+  const bool other_disconnected = DisconnectedMember(report.node_id()).has_value();
+  if ((settle_s > 0 || other_disconnected) && arbiter_.CanHold()) {
     spdlog::info("job={} node={} round={} failure report held for {:.2f} s{}: {}", options_.job_id,
                  report.node_id(), report.round(), settle_s,
-                 DisconnectedMember(report.node_id()).has_value()
-                     ? " and until disconnected nodes are back or lost"
-                     : "",
+                 other_disconnected ? " and until disconnected nodes are back or lost" : "",
                  FaultPolicy::DescribeWorker(report, host));
-    pending_failures_.push_back({report, host, clock_->Now()});
+    arbiter_.Hold({report, host, clock_->Now()});
     // Held, not decided: a restarted master must still decide it.
     v1::JournalRecord held;
     *held.mutable_failure_held()->mutable_report() = report;
@@ -723,95 +694,41 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
     Record(std::move(held), /*sync=*/true);
     return absl::OkStatus();
   }
-  HandleFailure(report, host, DetectionSeconds(report, 0));
+  HandleFailure(report, host, FailureArbiter::DetectionSeconds(report, 0));
   return absl::OkStatus();
 }
 
 std::optional<std::string> JobMaster::DisconnectedMember(const std::string& except) const {
   for (const auto& m : world_.members) {
     if (m.node_id == except) continue;
-    auto it = outboxes_.find(m.node_id);
-    if (it != outboxes_.end() && it->second->disconnected_since.has_value()) return m.node_id;
+    if (outboxes_.Disconnected(m.node_id)) return m.node_id;
   }
   return std::nullopt;
 }
 
 void JobMaster::DecidePendingFailures(double now) {
-  if (pending_failures_.empty()) return;
+  if (arbiter_.held().empty()) return;
   if (finished() || state_ != JobState::kRunning) {
-    pending_failures_.clear();
+    arbiter_.Clear();
     return;
   }
-  // Reports of an older round: a node loss re-formed the world meanwhile, so
-  // the failure was a consequence of that loss and uses up no restart.
-  std::erase_if(pending_failures_, [&](const PendingFailure& p) {
-    if (p.report.round() == round_) return false;
+  for (const FailureArbiter::Held& h : arbiter_.DropStale(round_)) {
     spdlog::info("job={} node={} round={} held failure attributed to the world change (now round "
                  "{}); not counted as a restart",
-                 options_.job_id, p.report.node_id(), p.report.round(), round_);
-    return true;
-  });
-  if (pending_failures_.empty()) return;
-  const PendingFailure& first = pending_failures_.front();
-  double settle_s = 0;
-  for (const auto& p : pending_failures_) settle_s = std::max(settle_s, SettleSeconds(p.report));
-  if (now - first.reported_at < settle_s) return;
-  if (DisconnectedMember(first.report.node_id()).has_value()) return;  // back or lost first
-  std::vector<PendingFailure> ready;
-  ready.swap(pending_failures_);
-  OrderHangReports(&ready);
+                 options_.job_id, h.report.node_id(), h.report.round(), round_);
+  }
+  std::vector<FailureArbiter::Held> due = arbiter_.TakeDue(
+      now, world_.members.size(), [this](const std::string& except) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return DisconnectedMember(except).has_value();
+      });
+  if (const std::string blame = FailureArbiter::OrderForBlame(&due); !blame.empty()) {
+    spdlog::warn("job={} round={} {}", options_.job_id, round_, blame);
+  }
   // The policy acts on the first report of the round and logs the rest.
-  for (const auto& p : ready) {
-    if (p.report.round() != round_ || finished()) break;
-    HandleFailure(p.report, p.host, DetectionSeconds(p.report, now - p.reported_at));
+  for (const auto& h : due) {
+    if (h.report.round() != round_ || finished()) break;
+    HandleFailure(h.report, h.host, FailureArbiter::DetectionSeconds(h.report, now - h.reported_at));
   }
-}
-
-double JobMaster::SettleSeconds(const v1::FailureReport& report) const {
-  if (world_.members.size() <= 1) return 0;
-  double s = options_.failure_settle_s;
-  if (report.kind() == "hang") s = std::max(s, options_.hang_settle_s);
-  return s;
-}
-
-void JobMaster::OrderHangReports(std::vector<PendingFailure>* reports) const {
-  // Hangs first (a crash in the same window follows from the hung worker
-  // being killed), blamed in order: outside a collective, lowest step,
-  // longest without progress.
-  auto key = [](const PendingFailure& p) {
-    const v1::FailureReport& r = p.report;
-    bool hang = r.kind() == "hang";
-    bool victim = !r.hang_stack_found() || r.hang_in_collective();
-    return std::make_tuple(hang ? 0 : 1, hang && victim ? 1 : 0, hang ? r.hang_last_step() : 0,
-                           hang ? -r.hang_idle_s() : 0.0);
-  };
-  std::stable_sort(reports->begin(), reports->end(),
-                   [&](const PendingFailure& a, const PendingFailure& b) { return key(a) < key(b); });
-  if (reports->empty() || reports->front().report.kind() != "hang") return;
-  std::vector<std::string> others;
-  for (size_t i = 1; i < reports->size(); ++i) {
-    const v1::FailureReport& r = (*reports)[i].report;
-    if (r.kind() != "hang") continue;
-    others.push_back(absl::StrCat("rank ", r.global_rank(), " on node ", r.node_id(), " (",
-                                  r.hang_stack_found()
-                                      ? (r.hang_in_collective() ? absl::StrCat("waiting in a collective at ", r.hang_top_frame())
-                                                                : absl::StrCat("at ", r.hang_top_frame()))
-                                      : std::string("no stack"),
-                                  ")"));
-  }
-  if (others.empty()) return;
-  v1::FailureReport& blamed = reports->front().report;
-  spdlog::warn("job={} round={} {} nodes hung together; blaming rank {} on node {}{}; also hung: {}", options_.job_id,
-               round_, others.size() + 1, blamed.global_rank(), blamed.node_id(),
-               blamed.hang_stack_found() && !blamed.hang_in_collective() ? " (outside any collective)" : "",
-               absl::StrJoin(others, "; "));
-  blamed.set_stderr_tail(absl::StrCat(blamed.stderr_tail(), "; also hung, waiting for it: ", absl::StrJoin(others, "; ")));
-}
-
-double JobMaster::DetectionSeconds(const v1::FailureReport& report, double held_s) {
-  // A hang was there since the worker's last progress; an exit since the
-  // agent saw it.
-  return held_s + report.seen_age_s() + (report.kind() == "hang" ? report.hang_idle_s() : 0);
 }
 
 void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s) {
@@ -879,7 +796,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
 }
 
 absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   NodeRecord* rec = nodes_.Find(request.node_id());
   if (rec == nullptr) {
     spdlog::warn("job={} node={} workers-done refused: unknown node", options_.job_id,
@@ -915,7 +832,7 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
 }
 
 absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   NodeRecord* rec = nodes_.Find(report.node_id());
   if (rec == nullptr) {
     spdlog::warn("job={} node={} progress report refused: unknown node", options_.job_id,
@@ -951,40 +868,6 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   return absl::OkStatus();
 }
 
-void JobMaster::FlushProgress(double now) const {
-  if (!progress_dirty_) return;
-  progress_dirty_ = false;
-  if (state_ == JobState::kRunning) WorldProgress(now);
-}
-
-std::map<std::string, double> JobMaster::RoundStepTimes() const {
-  // Compared among the current round's members only (a step time from an
-  // older round or another world size says nothing about this one).
-  std::map<std::string, double> step_times;
-  for (const auto& m : world_.members) {
-    const NodeRecord* rec = nodes_.Find(m.node_id);
-    if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
-  }
-  return step_times;
-}
-
-void JobMaster::WarnNewStragglers(double now) {
-  if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
-  stragglers_checked_at_ = now;
-  const std::map<std::string, double> step_times = RoundStepTimes();
-  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
-  for (const auto& [id, step_time] : step_times) {
-    NodeRecord* rec = nodes_.Find(id);
-    const bool straggler = stragglers.count(id) > 0;
-    // Say so once when a node turns into a straggler (status shows it always).
-    if (straggler && !rec->straggler) {
-      spdlog::warn("job={} node={} round={} straggler: step time {:.3f} s > {} x the median {:.3f} s",
-                   options_.job_id, id, round_, step_time, options_.straggler_factor, MedianStepTime(step_times));
-    }
-    rec->straggler = straggler;
-  }
-}
-
 absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
     const v1::ShardDurableReport& report) {
   if (report.dir().empty()) return absl::InvalidArgumentError("ReportShardDurable needs the checkpoint dir");
@@ -992,7 +875,7 @@ absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
     return absl::InvalidArgumentError(absl::StrCat("ReportShardDurable: rank ", report.rank(),
                                                    " is outside world size ", report.world_size()));
   }
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   const CkptCommitTracker::Result r = ckpt_.Report(report.dir(), report.step(), report.rank(), report.world_size());
   v1::ShardDurableResponse response;
   response.set_commit(r.commit);
@@ -1020,7 +903,7 @@ absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
   RETURN_IF_ERROR(KvStore::CheckEntry(key, value));
   KvStore::Answers woken;
   {
-    absl::MutexLock lock(&mu_);
+    JobLock lock(&mu_);
     spdlog::debug("job={} kv set {} ({} bytes)", options_.job_id, key, value.size());
     RETURN_IF_ERROR(kv_.CanSet(key));
     v1::JournalRecord r;
@@ -1037,7 +920,7 @@ absl::Status JobMaster::KvSet(const std::string& key, std::string value) {
 uint64_t JobMaster::KvGetAsync(const std::string& key, double wait_s, KvCallback done) {
   absl::StatusOr<std::string> now_answer;
   {
-    absl::MutexLock lock(&mu_);
+    JobLock lock(&mu_);
     if (const std::string* v = kv_.Find(key); v != nullptr) {
       now_answer = *v;
     } else if (shutdown_) {
@@ -1055,7 +938,7 @@ uint64_t JobMaster::KvGetAsync(const std::string& key, double wait_s, KvCallback
 void JobMaster::CancelKvWait(uint64_t id) {
   KvCallback done;
   {
-    absl::MutexLock lock(&mu_);
+    JobLock lock(&mu_);
     done = kv_.TakeWaiter(id);
   }
   if (done) done(absl::CancelledError("KvGet cancelled"));
@@ -1092,157 +975,6 @@ absl::StatusOr<std::string> JobMaster::KvGet(const std::string& key, double wait
   return std::move(answer->value);
 }
 
-v1::JobStatus JobMaster::Status() const {
-  absl::MutexLock lock(&mu_);
-  double now = clock_->Now();
-  FlushProgress(now);
-  v1::JobStatus st;
-  st.set_job_id(options_.job_id);
-  st.set_state(JobStateName(state_));
-  st.set_round(round_);
-  st.set_world_size(world_.world_size);
-  st.set_restart_count(restart_count_);
-  *st.mutable_spec() = spec_;
-  const std::map<std::string, double> step_times = RoundStepTimes();
-  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
-  auto add = [&](const NodeRecord& rec) {
-    v1::NodeStatus* ns = st.add_nodes();
-    ns->set_node_id(rec.spec.node_id);
-    ns->set_host(rec.spec.host);
-    const std::string& id = rec.spec.node_id;
-    // A node waiting outside a running world is a hot spare: it takes the
-    // place of the next node lost.
-    const bool spare = state_ == JobState::kRunning && rec.state == NodeState::kWaiting && !IsMember(id);
-    ns->set_state(precheck_.excluded.count(id) > 0 ? std::string("excluded")
-                  : InRunningCheck(id)             ? std::string("checking")
-                  : spare                          ? std::string("spare")
-                                                   : std::string(NodeStateName(rec.state)));
-    ns->set_group_rank(rec.group_rank);
-    ns->set_local_world_size(rec.spec.local_world_size);
-    ns->set_last_heartbeat_age_s(std::max(0.0, now - rec.last_heartbeat));  // restored nodes: ahead
-    ns->set_last_step(rec.last_step);
-    if (auto it = step_times.find(rec.spec.node_id); it != step_times.end()) ns->set_step_time_s(it->second);
-    ns->set_straggler(stragglers.count(rec.spec.node_id) > 0);
-    if (rec.timeline.round() > 0) *ns->mutable_timeline() = rec.timeline;
-  };
-  // Members in rank order first, then the other alive nodes, then the gone.
-  for (const auto& m : world_.members) {
-    if (const NodeRecord* rec = nodes_.Find(m.node_id); rec != nullptr) add(*rec);
-  }
-  for (const auto& [id, rec] : nodes_.alive()) {
-    if (!IsMember(id)) add(rec);
-  }
-  for (const auto& rec : nodes_.gone()) add(rec);
-  if (!last_failure_.node_id().empty()) *st.mutable_last_failure() = last_failure_;
-  st.set_message(message_);
-  st.set_uptime_s(now - start_time_);
-  st.set_precheck(precheck_.verdict);
-  AddReplicaLocations(&st);
-  AddGoodput(now, &st);
-  for (const auto& r : failures_.records()) *st.add_failures() = r;
-  st.set_failures_total(failures_.total());
-  for (const auto& p : step_history_.points()) {
-    v1::StepSample* s = st.add_step_history();
-    s->set_at_s(p.at_s);
-    s->set_step(p.step);
-  }
-  return st;
-}
-
-Histogram JobMaster::RecoveryHistogram() const {
-  absl::MutexLock lock(&mu_);
-  return failures_.recovery();
-}
-
-uint64_t JobMaster::decisions_pushed() const {
-  absl::MutexLock lock(&mu_);
-  return decisions_pushed_;
-}
-
-Histogram JobMaster::CkptSaveHistogram() const {
-  absl::MutexLock lock(&mu_);
-  return ckpt_save_;
-}
-
-std::map<std::string, int> JobMaster::RecoveriesByKind() const {
-  absl::MutexLock lock(&mu_);
-  return failures_.recovered_by_kind();
-}
-
-void JobMaster::WorldProgress(double now) const {
-  // The world's step: the lowest of the members' (reached when the last of
-  // them reached it), once each reported in this round; its first step: the
-  // lowest first step, made when the last node had made its first.
-  GoodputAccountant::WorldStep w;
-  bool first_known = true;
-  for (const auto& m : world_.members) {
-    const NodeRecord* r = nodes_.Find(m.node_id);
-    if (r == nullptr || r->progress_round != round_) return;
-    if (w.step < 0 || r->last_step < w.step) {
-      w.step = r->last_step;
-      w.reached_at = r->step_reached_at;
-    } else if (r->last_step == w.step) {
-      w.reached_at = std::max(w.reached_at, r->step_reached_at);
-    }
-    first_known = first_known && r->first_step_known;
-    w.ckpt_stall_s = std::max(w.ckpt_stall_s, r->ckpt_stall_max_s);
-    w.first_step = w.first_step < 0 ? r->first_step : std::min(w.first_step, r->first_step);
-    w.first_at = std::max(w.first_at, r->first_step_at);
-  }
-  if (w.step < 0) return;
-  if (!first_known) w.first_step = -1;
-  if (first_known) {
-    std::vector<v1::FailureRecord> completed;
-    failures_.Resumed(round_, w.first_at - start_time_, w.first_step, goodput_.high_water_step(), &completed);
-    for (auto& rec : completed) {
-      v1::JournalRecord r;
-      *r.mutable_failure() = std::move(rec);
-      Record(std::move(r), /*sync=*/false);
-    }
-  }
-  goodput_.Progress(now, w);
-  step_history_.Add(now - start_time_, goodput_.high_water_step());
-}
-
-void JobMaster::AddGoodput(double now, v1::JobStatus* st) const {
-  const GoodputAccountant::Breakdown b = goodput_.Get(now);
-  v1::Goodput* g = st->mutable_goodput();
-  g->set_wall_s(b.wall_s);
-  g->set_known(b.steps_seen);
-  g->set_goodput(b.steps_seen ? b.goodput() : 0);
-  g->set_high_water_step(b.high_water_step);
-  g->set_recomputed_steps(b.recomputed_steps);
-  for (int p = 0; p < GoodputAccountant::kNumParts; ++p) {
-    v1::GoodputPart* part = g->add_parts();
-    part->set_part(std::string(GoodputAccountant::PartName(static_cast<GoodputAccountant::Part>(p))));
-    part->set_seconds(b.seconds[p]);
-  }
-  if (!b.steps_seen) {
-    g->set_note("goodput unknown: no step reported yet (the training script must call ballast.step() each step)");
-  }
-}
-
-void JobMaster::AddReplicaLocations(v1::JobStatus* st) const {
-  std::vector<v1::ReplicaLocation> out;
-  const std::map<std::string, std::string>& kv = kv_.entries();
-  for (auto it = kv.lower_bound(std::string(kReplicaKeyPrefix));
-       it != kv.end() && absl::StartsWith(it->first, kReplicaKeyPrefix); ++it) {
-    int rank = 0, copy = 0;
-    absl::StatusOr<ReplicaRecord> rec = ReplicaRecord::FromKvValue(it->second);
-    if (!ParseReplicaKey(it->first, &rank, &copy) || !rec.ok()) continue;  // not an agent's record
-    v1::ReplicaLocation& loc = out.emplace_back();
-    loc.set_rank(rank);
-    loc.set_copy(copy);
-    loc.set_holder(rec->holder);
-    loc.set_step(static_cast<int64_t>(rec->step));
-    loc.set_world_size(rec->world);
-  }
-  std::sort(out.begin(), out.end(), [](const v1::ReplicaLocation& a, const v1::ReplicaLocation& b) {
-    return std::make_pair(a.rank(), a.copy()) < std::make_pair(b.rank(), b.copy());
-  });
-  for (v1::ReplicaLocation& loc : out) *st->add_replicas() = std::move(loc);
-}
-
 // ---------------------------------------------------------------------------
 // Watch streams.
 
@@ -1252,81 +984,40 @@ absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& n
 
 absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& node_id,
                                                             std::shared_ptr<DecisionSink> sink) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the job master is shutting down");
-  auto it = outboxes_.find(node_id);
-  if (it == outboxes_.end() || !nodes_.IsAlive(node_id)) {
+  if (!outboxes_.Contains(node_id) || !nodes_.IsAlive(node_id)) {
     spdlog::warn("job={} node={} watch refused: unknown node", options_.job_id, node_id);
     return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
   }
-  Outbox& ob = *it->second;
-  const bool replaced = ob.watcher_active;
-  // The older stream ends: a sink is told, a NextDecision sees the new generation.
-  EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id)));
-  ++ob.generation;
-  ob.watcher_active = true;
-  ob.disconnected_since.reset();
-  ob.awaiting_reconnect = false;
-  ob.final_sent = false;
-  ob.queue.clear();
-  ob.sink = std::move(sink);
-  if (ob.current.has_value()) {
-    if (ob.sink != nullptr) {
-      ob.sink->Deliver(*ob.current);
-    } else {
-      ob.queue.push_back(*ob.current);
-    }
+  bool replaced = false;
+  absl::StatusOr<WatchHandle> handle = outboxes_.Open(node_id, std::move(sink), &replaced);
+  if (handle.ok()) {
+    spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
+                 replaced ? " (replaces the older stream)" : "");
   }
-  spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
-               replaced ? " (replaces the older stream)" : "");
-  return WatchHandle{node_id, it->second, ob.generation};
+  return handle;
 }
 
 absl::StatusOr<std::optional<v1::Decision>> JobMaster::NextDecision(const WatchHandle& handle,
                                                                     double timeout_s) {
-  absl::MutexLock lock(&mu_);
-  Outbox& ob = *handle.outbox;
-  absl::Time deadline = absl::Now() + absl::Seconds(std::max(timeout_s, 0.0));
-  while (true) {
-    if (shutdown_) return absl::UnavailableError("the job master is shutting down");
-    if (ob.generation != handle.generation) {
-      return absl::CancelledError(
-          absl::StrCat("replaced by a newer Watch for node ", handle.node_id));
-    }
-    if (ob.closed) return GoneStatus(handle.node_id, ob);
-    if (!ob.queue.empty()) {
-      v1::Decision d = std::move(ob.queue.front());
-      ob.queue.pop_front();
-      return std::optional<v1::Decision>(std::move(d));
-    }
-    absl::Time now = absl::Now();
-    if (now >= deadline) return std::optional<v1::Decision>();
-    ob.cv.WaitWithTimeout(&mu_, deadline - now);
-  }
+  JobLock lock(&mu_);
+  return outboxes_.Next(handle, timeout_s, &mu_);
 }
 
 void JobMaster::MarkFinalSent(const WatchHandle& handle) {
-  absl::MutexLock lock(&mu_);
-  if (handle.outbox->generation == handle.generation) handle.outbox->final_sent = true;
+  JobLock lock(&mu_);
+  outboxes_.MarkFinalSent(handle);
 }
 
 void JobMaster::CloseWatch(const WatchHandle& handle) {
-  absl::MutexLock lock(&mu_);
-  Outbox& ob = *handle.outbox;
-  if (ob.generation != handle.generation) return;
-  ob.watcher_active = false;
-  ob.queue.clear();
-  ob.sink.reset();
-  if (!ob.closed) ob.disconnected_since = clock_->Now();
+  JobLock lock(&mu_);
+  outboxes_.Close(handle, clock_->Now());
 }
 
 bool JobMaster::AllFinalDecisionsSent() const {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, ob] : outboxes_) {
-    // (A node restored from the journal counts until its agent reconnected.)
-    if ((ob->watcher_active || ob->awaiting_reconnect) && !ob->final_sent) return false;
-  }
-  return true;
+  JobLock lock(&mu_);
+  return outboxes_.AllFinalSent();
 }
 
 // ---------------------------------------------------------------------------
@@ -1336,7 +1027,7 @@ void JobMaster::Tick() {
   LostList lost;
   KvStore::Answers expired;  // answered after the lock, like the lost-node callbacks
   {
-    absl::MutexLock lock(&mu_);
+    JobLock lock(&mu_);
     kv_.TakeExpired(absl::Now(), &expired);
     if (!shutdown_ && !finished()) TickLocked(&lost);
   }
@@ -1351,13 +1042,7 @@ void JobMaster::TickLocked(LostList* lost) {
   std::vector<std::string> silent = nodes_.SilentNodes();
   if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, lost);
   if (options_.disconnect_grace_s > 0) {
-    std::vector<std::string> gone;
-    for (const auto& [id, ob] : outboxes_) {
-      if (ob->disconnected_since.has_value() &&
-          now - *ob->disconnected_since >= options_.disconnect_grace_s) {
-        gone.push_back(id);
-      }
-    }
+    const std::vector<std::string> gone = outboxes_.DisconnectedFor(now, options_.disconnect_grace_s);
     if (!gone.empty()) {
       LoseNodes(gone, NodeState::kDead,
                 absl::StrCat("agent disconnected: its decision stream closed and it did not "
@@ -1372,12 +1057,12 @@ void JobMaster::TickLocked(LostList* lost) {
 }
 
 std::optional<JobOutcome> JobMaster::outcome() const {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   return outcome_;
 }
 
 std::optional<JobOutcome> JobMaster::WaitForFinish(double timeout_s) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   absl::Time deadline =
       timeout_s < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Seconds(timeout_s);
   while (!outcome_.has_value() && !shutdown_) {
@@ -1389,11 +1074,11 @@ std::optional<JobOutcome> JobMaster::WaitForFinish(double timeout_s) {
 void JobMaster::Shutdown() {
   KvStore::Answers done;
   {
-    absl::MutexLock lock(&mu_);
+    JobLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
     events_.Close();
-    for (auto& [id, ob] : outboxes_) EndStream(ob.get(), absl::UnavailableError("the job master is shutting down"));
+    outboxes_.Shutdown();
     finished_cv_.SignalAll();
     kv_.TakeAll(absl::UnavailableError("the job master is shutting down"), &done);
   }

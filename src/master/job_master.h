@@ -3,9 +3,10 @@
 // and no lock of their own (they run under mu_): Rendezvous (who joined, the
 // world they form), NodeTable (liveness), FaultPolicy (restart or fail),
 // KvStore (round endpoints, replica records, KvGet waiters),
-// CkptCommitTracker (flash checkpoint commits), FailureLog and
+// CkptCommitTracker (flash checkpoint commits), FailureArbiter (when a worker
+// failure is decided, and who is blamed), FailureLog and
 // GoodputAccountant (what failures cost), PrecheckCoordinator (the pre-flight
-// check), one decision outbox per node (which the Watch streams drain), and a
+// check), DecisionOutboxes (each node's decisions and Watch stream), and a
 // borrowed Journal (durable state; job_master_journal.cc). EventLog has its
 // own lock. It speaks proto messages and absl::Status only; master_service.cc
 // adapts it to gRPC.
@@ -33,7 +34,8 @@
 //
 // Thread safety: all public methods are thread-safe. One mutex (mu_) guards
 // all state, including the outboxes; blocking calls wait on condition
-// variables tied to it. The on_node_lost callback runs outside the lock, after
+// variables tied to it. Log lines are written after mu_ is released
+// (JobLock), never under it. The on_node_lost callback runs outside the lock, after
 // the state change, on the thread that detected the loss.
 #pragma once
 
@@ -55,10 +57,13 @@
 #include "absl/time/time.h"
 #include "ballast/v1/master.pb.h"
 #include "master/ckpt_commit_tracker.h"
+#include "master/decision_outbox.h"
 #include "master/event_log.h"
+#include "master/failure_arbiter.h"
 #include "master/failure_log.h"
 #include "master/goodput.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "master/fault_policy.h"
 #include "master/journal.h"
 #include "master/kv_store.h"
@@ -140,26 +145,10 @@ struct JobOutcome {
 
 class JobMaster {
  public:
-  // A Watch stream's hold on its node's outbox. Opening a newer Watch for the
-  // same node makes older handles stale (their NextDecision ends the stream).
-  struct Outbox;
-  // The receiving end of a Watch stream on the callback server
-  // (master_service.cc): the master hands it each decision as it is made.
-  // Both calls come with the master's lock held: they must only queue (start
-  // an asynchronous write), never block or call back into the JobMaster.
-  class DecisionSink {
-   public:
-    virtual ~DecisionSink() = default;
-    virtual void Deliver(const v1::Decision& decision) = 0;
-    // The stream must end with `status`: CANCELLED (a newer Watch replaced
-    // it), NOT_FOUND (the node is gone), UNAVAILABLE (shutdown).
-    virtual void End(const absl::Status& status) = 0;
-  };
-  struct WatchHandle {
-    std::string node_id;
-    std::shared_ptr<Outbox> outbox;
-    uint64_t generation = 0;
-  };
+  // A Watch stream's receiving end and its hold on its node's outbox
+  // (decision_outbox.h).
+  using DecisionSink = DecisionOutboxes::Sink;
+  using WatchHandle = DecisionOutboxes::Handle;
 
   // Which members a StartRound lists: all of them to group rank 0 (its store
   // watch names the members that never connected) and in worlds of up to
@@ -262,6 +251,18 @@ class JobMaster {
   const v1::JobSpec& spec() const { return spec_; }
 
  private:
+  // The job lock (mu_). Lines logged while it is held are written after it
+  // is released (DeferLogs, declared first so it ends last): no log I/O
+  // under the job lock.
+  class ABSL_SCOPED_LOCKABLE JobLock {
+   public:
+    explicit JobLock(absl::Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : lock_(mu) {}
+    ~JobLock() ABSL_UNLOCK_FUNCTION() = default;
+
+   private:
+    DeferLogs defer_;
+    absl::MutexLock lock_;
+  };
   enum class JobState { kRendezvous, kRunning, kSucceeded, kFailed };
   using LostList = std::vector<std::pair<std::string, std::string>>;  // (node, reason)
 
@@ -272,9 +273,6 @@ class JobMaster {
   }
   absl::Status CheckSpec(const v1::JobSpec& given) const;
   absl::Status CheckRound(const char* what, int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The replica records agents keep in the KV store, as status shows them.
-  void AddReplicaLocations(v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddGoodput(double now, v1::JobStatus* st) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the goodput accountant the world's step from the members' reports.
   void WorldProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Folds the progress reports since the last call into the world's step
@@ -318,21 +316,13 @@ class JobMaster {
   void MaybeSucceed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the fault policy to a validated failure report of the current round.
   // detection_s: from the last sign of health to now (FailureRecord).
-  static double DetectionSeconds(const v1::FailureReport& report, double held_s);
   void HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the round other than `except` whose Watch stream is closed.
   std::optional<std::string> DisconnectedMember(const std::string& except) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // How long a failure report is held before it is decided (0: at once).
-  double SettleSeconds(const v1::FailureReport& report) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct PendingFailure;
-  // Puts the report to blame first among reports decided together: hangs
-  // before crashes, the hung rank outside a collective before those waiting
-  // in one; the blamed report's tail names the other hung ranks.
-  void OrderHangReports(std::vector<PendingFailure>* reports) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Decides held failure reports whose settle time passed (see
-  // failure_settle_s); drops those a node loss made stale.
+  // Decides held failure reports whose settle time passed (FailureArbiter);
+  // drops those a node loss made stale.
   void DecidePendingFailures(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(bool succeeded, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a decided failure to the log (and the journal).
@@ -388,11 +378,6 @@ class JobMaster {
   void RestoreDecisions(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the job's clock starts: now, or (resuming) as long ago as the job began.
   static double StartTime(const JobMasterOptions& options);
-  // Ends the open stream of an outbox with `status` (its sink, or wakes its
-  // NextDecision, which then sees why).
-  static void EndStream(Outbox* ob, const absl::Status& status);
-  // The NOT_FOUND a stream of a gone node ends with.
-  static absl::Status GoneStatus(const std::string& node_id, const Outbox& ob);
   // A member's StartRound decision of the current round.
   v1::Decision MakeStartRound(const MemberAssignment& m, const World& world) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -408,7 +393,6 @@ class JobMaster {
   mutable FailureLog failures_ ABSL_GUARDED_BY(mu_);
   mutable StepHistory step_history_ ABSL_GUARDED_BY(mu_);
   mutable bool progress_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t decisions_pushed_ ABSL_GUARDED_BY(mu_) = 0;
   double stragglers_checked_at_ ABSL_GUARDED_BY(mu_) = -1e18;
   // Seconds each checkpoint save blocked a worker (from progress reports).
   Histogram ckpt_save_ ABSL_GUARDED_BY(mu_){{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
@@ -427,17 +411,12 @@ class JobMaster {
   std::optional<double> below_min_since_ ABSL_GUARDED_BY(mu_);
   std::string below_min_context_ ABSL_GUARDED_BY(mu_);
   v1::FailureInfo last_failure_ ABSL_GUARDED_BY(mu_);
-  struct PendingFailure {
-    v1::FailureReport report;
-    std::string host;
-    double reported_at = 0;
-  };
-  std::vector<PendingFailure> pending_failures_ ABSL_GUARDED_BY(mu_);
+  FailureArbiter arbiter_ ABSL_GUARDED_BY(mu_);  // held failure reports
   std::string message_ ABSL_GUARDED_BY(mu_);
   std::optional<JobOutcome> outcome_ ABSL_GUARDED_BY(mu_);
   absl::CondVar finished_cv_;
   KvStore kv_ ABSL_GUARDED_BY(mu_);  // its waiters' answers run after the lock is released
-  std::map<std::string, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
+  DecisionOutboxes outboxes_ ABSL_GUARDED_BY(mu_);  // each node's decisions and Watch stream
   CkptCommitTracker ckpt_ ABSL_GUARDED_BY(mu_);  // flash checkpoint commits
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Pre-flight check state.
@@ -451,21 +430,6 @@ class JobMaster {
     std::string verdict;                           // the last verdict, for status
   };
   Precheck precheck_ ABSL_GUARDED_BY(mu_);
-};
-
-// A node's decision queue. Its fields are guarded by the JobMaster's mu_.
-struct JobMaster::Outbox {
-  std::deque<v1::Decision> queue;        // not yet taken by the open stream (without a sink)
-  std::shared_ptr<JobMaster::DecisionSink> sink;  // the open stream's, when it has one
-  std::optional<v1::Decision> current;   // last StartRound / Wait / JobFinished
-  uint64_t generation = 0;               // bumped by every OpenWatch
-  bool watcher_active = false;
-  bool final_sent = false;               // the open stream wrote JobFinished
-  bool closed = false;                   // the node is gone
-  std::optional<double> disconnected_since;  // clock time the open stream closed
-  std::string closed_reason;
-  bool awaiting_reconnect = false;       // restored from the journal; no stream opened yet
-  absl::CondVar cv;
 };
 
 }  // namespace ballast::master

@@ -81,7 +81,7 @@ void JobMaster::RecordRound() {
 }
 
 void JobMaster::RecordPort(int port) {
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   if (journal_ == nullptr) return;
   v1::JournalRecord r;
   *r.mutable_job() = journal_->job();
@@ -135,7 +135,7 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
   ckpt_.FromProto(st.ckpt_dirs());
   failures_.Restore(st.failures(), st.failures_total());
   for (const auto& h : st.held()) {
-    if (h.report().round() == round_ && state_ == JobState::kRunning) pending_failures_.push_back({h.report(), h.host(), now});
+    if (h.report().round() == round_ && state_ == JobState::kRunning) arbiter_.Hold({h.report(), h.host(), now});
   }
   RestoreGoodput(st, now);
   RestoreDecisions(now);
@@ -216,7 +216,7 @@ void JobMaster::RestoreNodes(const v1::MasterSnapshot& st, double now) {
       if (rec.state == NodeState::kDone) done_.insert(n->node_id());
     }
     if (precheck_.excluded.count(n->node_id()) == 0) rdzv_.Join(spec, now);
-    outboxes_[n->node_id()] = std::make_shared<Outbox>();
+    outboxes_.Add(n->node_id());
   }
   for (const auto& [id, n] : st.nodes()) {
     if (world_.Find(id) == nullptr) world_.surplus.push_back(id);
@@ -244,7 +244,7 @@ void JobMaster::RestoreDecisions(double now) {
   // Each node's current decision, re-sent when its agent reconnects: the
   // same StartRound it runs (agents ignore a round they already run), a Wait,
   // or the job's end.
-  for (auto& [id, ob] : outboxes_) {
+  for (const std::string& id : outboxes_.Nodes()) {
     v1::Decision d;
     if (finished()) {
       d.mutable_job_finished()->set_succeeded(state_ == JobState::kSucceeded);
@@ -256,8 +256,7 @@ void JobMaster::RestoreDecisions(double now) {
     } else {
       d.mutable_wait()->set_reason(state_ == JobState::kRunning ? SurplusReason() : RendezvousWaitReason(now));
     }
-    ob->current = std::move(d);
-    ob->awaiting_reconnect = true;
+    outboxes_.Restore(id, std::move(d));
   }
 }
 

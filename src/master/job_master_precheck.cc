@@ -18,7 +18,7 @@ namespace ballast::master {
 absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& received) {
   v1::CheckResult result = received;
   TruncateFront(result.mutable_error());
-  absl::MutexLock lock(&mu_);
+  JobLock lock(&mu_);
   if (nodes_.Find(result.node_id()) == nullptr) {
     spdlog::warn("job={} node={} check result refused: unknown node", options_.job_id, result.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", result.node_id(), ": join again"));

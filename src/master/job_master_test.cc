@@ -292,6 +292,22 @@ TEST_F(JobMasterTest, RestartInPlaceIncrementsRestartCountAndRound) {
   EXPECT_EQ(st.last_failure().cause(), "exit code 7");
 }
 
+TEST_F(JobMasterTest, FailureReportWithAnUnknownKindIsRefusedAndChangesNothing) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  v1::FailureReport r;
+  r.set_node_id("b");
+  r.set_round(1);
+  r.set_exit_code(1);
+  r.set_kind("gremlins");
+  absl::Status s = jm_->ReportFailure(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unknown failure kind \"gremlins\""));
+  EXPECT_EQ(jm_->Status().restart_count(), 0);
+  EXPECT_EQ(jm_->Status().round(), 1);
+}
+
 TEST_F(JobMasterTest, MaxRestartsExhaustedFailsWithRankExitCodeAndStderr) {
   Make(Options(2, 2, 1, /*max_restarts=*/1));
   Add("a");

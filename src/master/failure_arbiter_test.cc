@@ -1,0 +1,79 @@
+#include "master/failure_arbiter.h"
+
+#include "gtest/gtest.h"
+
+namespace ballast::master {
+namespace {
+
+v1::FailureReport Report(const std::string& node, int64_t round, const std::string& kind = "exit-code") {
+  v1::FailureReport r;
+  r.set_node_id(node);
+  r.set_round(round);
+  r.set_kind(kind);
+  return r;
+}
+
+v1::FailureReport Hang(const std::string& node, int rank, int64_t last_step, bool in_collective) {
+  v1::FailureReport r = Report(node, 1, "hang");
+  r.set_global_rank(rank);
+  r.set_hang_last_step(last_step);
+  r.set_hang_stack_found(true);
+  r.set_hang_in_collective(in_collective);
+  r.set_hang_top_frame(in_collective ? "all_reduce" : "data_loader");
+  return r;
+}
+
+const auto kNobodyDisconnected = [](const std::string&) { return false; };
+
+TEST(FailureArbiter, HoldsOnlyWithMoreThanOneMemberAndHangsLonger) {
+  FailureArbiter a(0.5, 3.0);
+  EXPECT_EQ(a.SettleSeconds(Report("a", 1), 1), 0);
+  EXPECT_EQ(a.SettleSeconds(Report("a", 1), 2), 0.5);
+  EXPECT_EQ(a.SettleSeconds(Report("a", 1, "hang"), 2), 3.0);
+}
+
+TEST(FailureArbiter, DecidesAfterTheSettleTimeUnlessAnotherMemberIsDisconnected) {
+  FailureArbiter a(1.0, 1.0);
+  a.Hold({Report("a", 1), "h", 10.0});
+  EXPECT_TRUE(a.TakeDue(10.5, 2, kNobodyDisconnected).empty());
+  EXPECT_TRUE(a.TakeDue(11.5, 2, [](const std::string& except) { return except != "b"; }).empty())
+      << "another member is disconnected: its loss may be the cause";
+  auto due = a.TakeDue(11.5, 2, kNobodyDisconnected);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_TRUE(a.held().empty());
+}
+
+TEST(FailureArbiter, DropsReportsOfAnOlderRound) {
+  FailureArbiter a(1.0, 1.0);
+  a.Hold({Report("a", 1), "h", 0});
+  a.Hold({Report("b", 2), "h", 0});
+  auto stale = a.DropStale(2);
+  ASSERT_EQ(stale.size(), 1u);
+  EXPECT_EQ(stale[0].report.node_id(), "a");
+  ASSERT_EQ(a.held().size(), 1u);
+  EXPECT_EQ(a.held()[0].report.node_id(), "b");
+}
+
+TEST(FailureArbiter, BlamesTheHungRankOutsideACollectiveFirst) {
+  std::vector<FailureArbiter::Held> reports = {{Report("c", 1), "h", 0},
+                                               {Hang("a", 0, 5, /*in_collective=*/true), "h", 0},
+                                               {Hang("b", 2, 5, /*in_collective=*/false), "h", 0}};
+  const std::string line = FailureArbiter::OrderForBlame(&reports);
+  EXPECT_EQ(reports[0].report.node_id(), "b");
+  EXPECT_EQ(reports[1].report.node_id(), "a");
+  EXPECT_EQ(reports[2].report.node_id(), "c") << "a crash in the same window comes last";
+  EXPECT_NE(line.find("blaming rank 2 on node b (outside any collective)"), std::string::npos) << line;
+  EXPECT_NE(reports[0].report.stderr_tail().find("waiting in a collective at all_reduce"), std::string::npos);
+}
+
+TEST(FailureArbiter, DetectionCountsTheHeldTimeAndAHangsIdleTime) {
+  v1::FailureReport r = Report("a", 1);
+  r.set_seen_age_s(0.25);
+  EXPECT_DOUBLE_EQ(FailureArbiter::DetectionSeconds(r, 1.0), 1.25);
+  v1::FailureReport h = Hang("a", 0, 1, false);
+  h.set_hang_idle_s(30);
+  EXPECT_DOUBLE_EQ(FailureArbiter::DetectionSeconds(h, 0), 30);
+}
+
+}  // namespace
+}  // namespace ballast::master

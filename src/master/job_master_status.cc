@@ -1,0 +1,150 @@
+// The JobMaster's view of itself (job_master.h): Status() assembled with
+// StatusView (status_view.h), the world's progress folded from the members'
+// reports (goodput, step history, recovery records), stragglers, and the
+// metrics' histograms.
+#include "master/job_master.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "master/status_view.h"
+#include "master/straggler.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::master {
+
+void JobMaster::FlushProgress(double now) const {
+  if (!progress_dirty_) return;
+  progress_dirty_ = false;
+  if (state_ == JobState::kRunning) WorldProgress(now);
+}
+
+std::map<std::string, double> JobMaster::RoundStepTimes() const {
+  // Compared among the current round's members only (a step time from an
+  // older round or another world size says nothing about this one).
+  std::map<std::string, double> step_times;
+  for (const auto& m : world_.members) {
+    const NodeRecord* rec = nodes_.Find(m.node_id);
+    if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
+  }
+  return step_times;
+}
+
+void JobMaster::WarnNewStragglers(double now) {
+  if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
+  stragglers_checked_at_ = now;
+  const std::map<std::string, double> step_times = RoundStepTimes();
+  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
+  for (const auto& [id, step_time] : step_times) {
+    NodeRecord* rec = nodes_.Find(id);
+    const bool straggler = stragglers.count(id) > 0;
+    // Say so once when a node turns into a straggler (status shows it always).
+    if (straggler && !rec->straggler) {
+      spdlog::warn("job={} node={} round={} straggler: step time {:.3f} s > {} x the median {:.3f} s",
+                   options_.job_id, id, round_, step_time, options_.straggler_factor, MedianStepTime(step_times));
+    }
+    rec->straggler = straggler;
+  }
+}
+
+v1::JobStatus JobMaster::Status() const {
+  JobLock lock(&mu_);
+  const double now = clock_->Now();
+  FlushProgress(now);
+  v1::JobStatus st;
+  st.set_job_id(options_.job_id);
+  st.set_state(JobStateName(state_));
+  st.set_round(round_);
+  st.set_world_size(world_.world_size);
+  st.set_restart_count(restart_count_);
+  *st.mutable_spec() = spec_;
+  const std::map<std::string, double> step_times = RoundStepTimes();
+  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
+  auto add = [&](const NodeRecord& rec) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const std::string& id = rec.spec.node_id;
+    const bool spare = state_ == JobState::kRunning && rec.state == NodeState::kWaiting && !IsMember(id);
+    auto step_time = step_times.find(id);
+    status_view::AddNode(rec,
+                         status_view::NodeStateText(rec.state, precheck_.excluded.count(id) > 0, InRunningCheck(id),
+                                                    spare),
+                         now, step_time == step_times.end() ? 0 : step_time->second, stragglers.count(id) > 0, &st);
+  };
+  // Members in rank order first, then the other alive nodes, then the gone.
+  for (const auto& m : world_.members) {
+    if (const NodeRecord* rec = nodes_.Find(m.node_id); rec != nullptr) add(*rec);
+  }
+  for (const auto& [id, rec] : nodes_.alive()) {
+    if (!IsMember(id)) add(rec);
+  }
+  for (const auto& rec : nodes_.gone()) add(rec);
+  if (!last_failure_.node_id().empty()) *st.mutable_last_failure() = last_failure_;
+  st.set_message(message_);
+  st.set_uptime_s(now - start_time_);
+  st.set_precheck(precheck_.verdict);
+  status_view::AddReplicaLocations(kv_.entries(), &st);
+  status_view::FillGoodput(goodput_.Get(now), st.mutable_goodput());
+  for (const auto& r : failures_.records()) *st.add_failures() = r;
+  st.set_failures_total(failures_.total());
+  status_view::AddStepHistory(step_history_, &st);
+  return st;
+}
+
+Histogram JobMaster::RecoveryHistogram() const {
+  JobLock lock(&mu_);
+  return failures_.recovery();
+}
+
+uint64_t JobMaster::decisions_pushed() const {
+  JobLock lock(&mu_);
+  return outboxes_.pushed();
+}
+
+Histogram JobMaster::CkptSaveHistogram() const {
+  JobLock lock(&mu_);
+  return ckpt_save_;
+}
+
+std::map<std::string, int> JobMaster::RecoveriesByKind() const {
+  JobLock lock(&mu_);
+  return failures_.recovered_by_kind();
+}
+
+void JobMaster::WorldProgress(double now) const {
+  // The world's step: the lowest of the members' (reached when the last of
+  // them reached it), once each reported in this round; its first step: the
+  // lowest first step, made when the last node had made its first.
+  GoodputAccountant::WorldStep w;
+  bool first_known = true;
+  for (const auto& m : world_.members) {
+    const NodeRecord* r = nodes_.Find(m.node_id);
+    if (r == nullptr || r->progress_round != round_) return;
+    if (w.step < 0 || r->last_step < w.step) {
+      w.step = r->last_step;
+      w.reached_at = r->step_reached_at;
+    } else if (r->last_step == w.step) {
+      w.reached_at = std::max(w.reached_at, r->step_reached_at);
+    }
+    first_known = first_known && r->first_step_known;
+    w.ckpt_stall_s = std::max(w.ckpt_stall_s, r->ckpt_stall_max_s);
+    w.first_step = w.first_step < 0 ? r->first_step : std::min(w.first_step, r->first_step);
+    w.first_at = std::max(w.first_at, r->first_step_at);
+  }
+  if (w.step < 0) return;
+  if (!first_known) w.first_step = -1;
+  if (first_known) {
+    std::vector<v1::FailureRecord> completed;
+    failures_.Resumed(round_, w.first_at - start_time_, w.first_step, goodput_.high_water_step(), &completed);
+    for (auto& rec : completed) {
+      v1::JournalRecord r;
+      *r.mutable_failure() = std::move(rec);
+      Record(std::move(r), /*sync=*/false);
+    }
+  }
+  goodput_.Progress(now, w);
+  step_history_.Add(now - start_time_, goodput_.high_water_step());
+}
+
+}  // namespace ballast::master
