@@ -8,16 +8,16 @@
 
 namespace ballast::master {
 
-void DecisionOutboxes::Add(const std::string& node_id) { outboxes_[node_id] = std::make_shared<Outbox>(); }
+void DecisionOutboxes::Add(const NodeId& node_id) { outboxes_[node_id] = std::make_shared<Outbox>(); }
 
-std::vector<std::string> DecisionOutboxes::Nodes() const {
-  std::vector<std::string> ids;
+std::vector<NodeId> DecisionOutboxes::Nodes() const {
+  std::vector<NodeId> ids;
   ids.reserve(outboxes_.size());
   for (const auto& [id, ob] : outboxes_) ids.push_back(id);
   return ids;
 }
 
-bool DecisionOutboxes::Push(const std::string& node_id, v1::Decision d) {
+bool DecisionOutboxes::Push(const NodeId& node_id, v1::Decision d) {
   auto it = outboxes_.find(node_id);
   if (it == outboxes_.end()) return false;
   Outbox& ob = *it->second;
@@ -45,12 +45,12 @@ void DecisionOutboxes::EndStream(Outbox* ob, const absl::Status& status) {
   ob->cv.SignalAll();
 }
 
-absl::Status DecisionOutboxes::GoneStatus(const std::string& node_id, const Outbox& ob) {
+absl::Status DecisionOutboxes::GoneStatus(const NodeId& node_id, const Outbox& ob) {
   return absl::NotFoundError(
-      absl::StrCat("node ", node_id, " is no longer part of the job (", ob.closed_reason, "): join again"));
+      absl::StrCat("node ", node_id.str(), " is no longer part of the job (", ob.closed_reason, "): join again"));
 }
 
-void DecisionOutboxes::Remove(const std::string& node_id, const std::string& reason) {
+void DecisionOutboxes::Remove(const NodeId& node_id, const std::string& reason) {
   auto it = outboxes_.find(node_id);
   if (it == outboxes_.end()) return;
   Outbox& ob = *it->second;
@@ -60,22 +60,22 @@ void DecisionOutboxes::Remove(const std::string& node_id, const std::string& rea
   outboxes_.erase(it);
 }
 
-void DecisionOutboxes::Restore(const std::string& node_id, v1::Decision current) {
+void DecisionOutboxes::Restore(const NodeId& node_id, v1::Decision current) {
   auto it = outboxes_.find(node_id);
   if (it == outboxes_.end()) return;
   it->second->current = std::move(current);
   it->second->awaiting_reconnect = true;
 }
 
-absl::StatusOr<DecisionOutboxes::Handle> DecisionOutboxes::Open(const std::string& node_id,
+absl::StatusOr<DecisionOutboxes::Handle> DecisionOutboxes::Open(const NodeId& node_id,
                                                                  std::shared_ptr<Sink> sink, bool* replaced) {
   if (shutdown_) return absl::UnavailableError("the job master is shutting down");
   auto it = outboxes_.find(node_id);
-  if (it == outboxes_.end()) return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
+  if (it == outboxes_.end()) return absl::NotFoundError(absl::StrCat("unknown node ", node_id.str(), ": join again"));
   Outbox& ob = *it->second;
   *replaced = ob.watcher_active;
   // The older stream ends: a sink is told, a Next sees the new generation.
-  EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id)));
+  EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id.str())));
   ++ob.generation;
   ob.watcher_active = true;
   ob.disconnected_since.reset();
@@ -100,7 +100,7 @@ absl::StatusOr<std::optional<v1::Decision>> DecisionOutboxes::Next(const Handle&
   while (true) {
     if (shutdown_) return absl::UnavailableError("the job master is shutting down");
     if (ob.generation != handle.generation) {
-      return absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", handle.node_id));
+      return absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", handle.node_id.str()));
     }
     if (ob.closed) return GoneStatus(handle.node_id, ob);
     if (!ob.queue.empty()) {
@@ -140,13 +140,13 @@ bool DecisionOutboxes::AllFinalSent() const {
   return true;
 }
 
-bool DecisionOutboxes::Disconnected(const std::string& node_id) const {
+bool DecisionOutboxes::Disconnected(const NodeId& node_id) const {
   auto it = outboxes_.find(node_id);
   return it != outboxes_.end() && it->second->disconnected_since.has_value();
 }
 
-std::vector<std::string> DecisionOutboxes::DisconnectedFor(double now, double grace_s) const {
-  std::vector<std::string> ids;
+std::vector<NodeId> DecisionOutboxes::DisconnectedFor(double now, double grace_s) const {
+  std::vector<NodeId> ids;
   for (const auto& [id, ob] : outboxes_) {
     if (ob->disconnected_since.has_value() && now - *ob->disconnected_since >= grace_s) ids.push_back(id);
   }

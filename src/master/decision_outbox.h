@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ballast/v1/master.pb.h"
+#include "common/ids.h"
 
 namespace ballast::master {
 
@@ -49,33 +50,33 @@ class DecisionOutboxes {
   // A Watch stream's hold on its node's outbox; a newer Open for the same
   // node makes older handles stale.
   struct Handle {
-    std::string node_id;
+    NodeId node_id;
     std::shared_ptr<Outbox> outbox;
     uint64_t generation = 0;
   };
 
   // A fresh outbox for a node that joined (replacing any it had).
-  void Add(const std::string& node_id);
-  bool Contains(const std::string& node_id) const { return outboxes_.count(node_id) > 0; }
+  void Add(const NodeId& node_id);
+  bool Contains(const NodeId& node_id) const { return outboxes_.count(node_id) > 0; }
   // Every node with an outbox, in id order.
-  std::vector<std::string> Nodes() const;
+  std::vector<NodeId> Nodes() const;
 
   // Queues `d` for the node's stream and makes it the node's current
   // decision unless it is a transition (StopWorkers). No-op for a node
   // without an outbox; returns whether it had one.
-  bool Push(const std::string& node_id, v1::Decision d);
+  bool Push(const NodeId& node_id, v1::Decision d);
   // The node is gone: its open stream ends with NOT_FOUND naming `reason`,
   // and its outbox is dropped.
-  void Remove(const std::string& node_id, const std::string& reason);
+  void Remove(const NodeId& node_id, const std::string& reason);
   // A node restored from the journal: `current` is what its agent gets when
   // it reconnects; until then it counts as a stream yet to be sent JobFinished.
-  void Restore(const std::string& node_id, v1::Decision current);
+  void Restore(const NodeId& node_id, v1::Decision current);
 
   // Starts a stream for the node (replacing, and ending, an older one): its
   // current decision goes first, to `sink` (nullptr: the queue Next reads).
   // NOT_FOUND for a node without an outbox. *replaced tells whether an older
   // stream was open.
-  absl::StatusOr<Handle> Open(const std::string& node_id, std::shared_ptr<Sink> sink, bool* replaced);
+  absl::StatusOr<Handle> Open(const NodeId& node_id, std::shared_ptr<Sink> sink, bool* replaced);
   // The stream's next decision, or nullopt after timeout_s (real time)
   // without one; waits on `mu` (the owner's lock, held by the caller). An
   // error means the stream must end with it: CANCELLED (replaced), NOT_FOUND
@@ -93,17 +94,17 @@ class DecisionOutboxes {
   // has been sent JobFinished; vacuously true with none.
   bool AllFinalSent() const;
   // Whether the node's last stream closed and no newer one opened.
-  bool Disconnected(const std::string& node_id) const;
+  bool Disconnected(const NodeId& node_id) const;
   // Nodes disconnected for at least grace_s at `now`.
-  std::vector<std::string> DisconnectedFor(double now, double grace_s) const;
+  std::vector<NodeId> DisconnectedFor(double now, double grace_s) const;
   // Decisions pushed so far (any node).
   uint64_t pushed() const { return pushed_; }
 
  private:
   static void EndStream(Outbox* ob, const absl::Status& status);
-  static absl::Status GoneStatus(const std::string& node_id, const Outbox& ob);
+  static absl::Status GoneStatus(const NodeId& node_id, const Outbox& ob);
 
-  std::map<std::string, std::shared_ptr<Outbox>> outboxes_;
+  std::map<NodeId, std::shared_ptr<Outbox>> outboxes_;
   uint64_t pushed_ = 0;
   bool shutdown_ = false;
 };

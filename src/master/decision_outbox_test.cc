@@ -29,18 +29,18 @@ v1::Decision Stop() {
 
 TEST(DecisionOutboxes, NewStreamStartsWithTheCurrentStateNotATransition) {
   DecisionOutboxes ob;
-  ob.Add("a");
-  EXPECT_TRUE(ob.Push("a", Wait("first")));
-  EXPECT_TRUE(ob.Push("a", Stop()));
-  EXPECT_FALSE(ob.Push("nobody", Wait("x")));
+  ob.Add(NodeId("a"));
+  EXPECT_TRUE(ob.Push(NodeId("a"), Wait("first")));
+  EXPECT_TRUE(ob.Push(NodeId("a"), Stop()));
+  EXPECT_FALSE(ob.Push(NodeId("nobody"), Wait("x")));
   auto sink = std::make_shared<RecordingSink>();
   bool replaced = true;
-  auto h = ob.Open("a", sink, &replaced);
+  auto h = ob.Open(NodeId("a"), sink, &replaced);
   ASSERT_TRUE(h.ok());
   EXPECT_FALSE(replaced);
   ASSERT_EQ(sink->delivered.size(), 1u);
   EXPECT_EQ(sink->delivered[0].wait().reason(), "first");
-  ob.Push("a", Stop());
+  ob.Push(NodeId("a"), Stop());
   ASSERT_EQ(sink->delivered.size(), 2u);
   EXPECT_TRUE(sink->delivered[1].has_stop_workers());
   EXPECT_EQ(ob.pushed(), 3u);
@@ -49,34 +49,34 @@ TEST(DecisionOutboxes, NewStreamStartsWithTheCurrentStateNotATransition) {
 TEST(DecisionOutboxes, NewerWatchCancelsTheOlderAndGoneNodeEndsWithNotFound) {
   DecisionOutboxes ob;
   absl::Mutex mu;
-  ob.Add("a");
+  ob.Add(NodeId("a"));
   bool replaced = false;
-  auto first = ob.Open("a", nullptr, &replaced);
+  auto first = ob.Open(NodeId("a"), nullptr, &replaced);
   ASSERT_TRUE(first.ok());
   auto sink = std::make_shared<RecordingSink>();
-  auto second = ob.Open("a", sink, &replaced);
+  auto second = ob.Open(NodeId("a"), sink, &replaced);
   ASSERT_TRUE(second.ok());
   EXPECT_TRUE(replaced);
   {
     absl::MutexLock lock(&mu);
     EXPECT_TRUE(absl::IsCancelled(ob.Next(*first, 0, &mu).status()));
   }
-  ob.Remove("a", "heartbeat timeout");
+  ob.Remove(NodeId("a"), "heartbeat timeout");
   EXPECT_TRUE(absl::IsNotFound(sink->ended));
   EXPECT_NE(sink->ended.message().find("heartbeat timeout"), std::string::npos);
-  EXPECT_FALSE(ob.Contains("a"));
-  EXPECT_TRUE(absl::IsNotFound(ob.Open("a", nullptr, &replaced).status()));
+  EXPECT_FALSE(ob.Contains(NodeId("a")));
+  EXPECT_TRUE(absl::IsNotFound(ob.Open(NodeId("a"), nullptr, &replaced).status()));
 }
 
 TEST(DecisionOutboxes, QueueStreamDrainsInOrderAndTimesOut) {
   DecisionOutboxes ob;
   absl::Mutex mu;
-  ob.Add("a");
+  ob.Add(NodeId("a"));
   bool replaced = false;
-  auto h = ob.Open("a", nullptr, &replaced);
+  auto h = ob.Open(NodeId("a"), nullptr, &replaced);
   ASSERT_TRUE(h.ok());
-  ob.Push("a", Wait("1"));
-  ob.Push("a", Wait("2"));
+  ob.Push(NodeId("a"), Wait("1"));
+  ob.Push(NodeId("a"), Wait("2"));
   absl::MutexLock lock(&mu);
   EXPECT_EQ((*ob.Next(*h, 0, &mu))->wait().reason(), "1");
   EXPECT_EQ((*ob.Next(*h, 0, &mu))->wait().reason(), "2");
@@ -89,24 +89,24 @@ TEST(DecisionOutboxes, QueueStreamDrainsInOrderAndTimesOut) {
 
 TEST(DecisionOutboxes, DisconnectionAndFinalDecisionsAreTracked) {
   DecisionOutboxes ob;
-  ob.Add("a");
-  ob.Add("b");
+  ob.Add(NodeId("a"));
+  ob.Add(NodeId("b"));
   EXPECT_TRUE(ob.AllFinalSent()) << "no open stream";
   bool replaced = false;
-  auto h = ob.Open("a", nullptr, &replaced);
+  auto h = ob.Open(NodeId("a"), nullptr, &replaced);
   ASSERT_TRUE(h.ok());
   EXPECT_FALSE(ob.AllFinalSent());
   ob.MarkFinalSent(*h);
   EXPECT_TRUE(ob.AllFinalSent());
   ob.Close(*h, 10.0);
-  EXPECT_TRUE(ob.Disconnected("a"));
-  EXPECT_FALSE(ob.Disconnected("b"));
+  EXPECT_TRUE(ob.Disconnected(NodeId("a")));
+  EXPECT_FALSE(ob.Disconnected(NodeId("b")));
   EXPECT_TRUE(ob.DisconnectedFor(11.0, 2.0).empty());
-  EXPECT_EQ(ob.DisconnectedFor(12.0, 2.0), std::vector<std::string>{"a"});
+  EXPECT_EQ(ob.DisconnectedFor(12.0, 2.0), std::vector<NodeId>{NodeId("a")});
   // A restored node counts until its agent reconnected and got JobFinished.
-  ob.Restore("b", Wait("resumed"));
+  ob.Restore(NodeId("b"), Wait("resumed"));
   EXPECT_FALSE(ob.AllFinalSent());
-  auto hb = ob.Open("b", nullptr, &replaced);
+  auto hb = ob.Open(NodeId("b"), nullptr, &replaced);
   ASSERT_TRUE(hb.ok());
   ob.MarkFinalSent(*hb);
   EXPECT_TRUE(ob.AllFinalSent());

@@ -24,10 +24,10 @@ double FailureArbiter::SettleSeconds(const v1::FailureReport& report, size_t mem
 
 bool FailureArbiter::CanHold() const { return held_.size() < kMaxHeldFailures; }
 
-std::vector<FailureArbiter::Held> FailureArbiter::DropStale(int64_t round) {
+std::vector<FailureArbiter::Held> FailureArbiter::DropStale(Round round) {
   std::vector<Held> stale;
   std::erase_if(held_, [&](Held& h) {
-    if (h.report.round() == round) return false;
+    if (Round(h.report.round()) == round) return false;
     stale.push_back(std::move(h));
     return true;
   });
@@ -35,13 +35,13 @@ std::vector<FailureArbiter::Held> FailureArbiter::DropStale(int64_t round) {
 }
 
 std::vector<FailureArbiter::Held> FailureArbiter::TakeDue(
-    double now, size_t members, const std::function<bool(const std::string& except)>& other_member_disconnected) {
+    double now, size_t members, const std::function<bool(const NodeId& except)>& other_member_disconnected) {
   if (held_.empty()) return {};
   const Held& first = held_.front();
   double settle_s = 0;
   for (const Held& h : held_) settle_s = std::max(settle_s, SettleSeconds(h.report, members));
   if (now - first.reported_at < settle_s) return {};
-  if (other_member_disconnected(first.report.node_id())) return {};  // back or lost first
+  if (other_member_disconnected(NodeId(first.report.node_id()))) return {};  // back or lost first
   std::vector<Held> due;
   due.swap(held_);
   return due;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ballast/v1/master.pb.h"
+#include "common/ids.h"
 
 namespace ballast::master {
 
@@ -43,12 +44,12 @@ class FailureArbiter {
   void Clear() { held_.clear(); }
   // Drops the reports of rounds other than `round` and returns them: a node
   // loss re-formed the world meanwhile, so they use up no restart.
-  std::vector<Held> DropStale(int64_t round);
+  std::vector<Held> DropStale(Round round);
   // The held reports, in blame order (OrderForBlame), once the settle time of
   // every one of them passed since the first arrived and no member other than
   // the first report's node is disconnected; else nothing (they stay held).
   std::vector<Held> TakeDue(double now, size_t members,
-                            const std::function<bool(const std::string& except)>& other_member_disconnected);
+                            const std::function<bool(const NodeId& except)>& other_member_disconnected);
 
   // Puts the report to blame first: hangs before crashes, in a hang the rank
   // outside a collective, the lowest step, the longest idle. The blamed

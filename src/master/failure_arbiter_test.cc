@@ -23,7 +23,7 @@ v1::FailureReport Hang(const std::string& node, int rank, int64_t last_step, boo
   return r;
 }
 
-const auto kNobodyDisconnected = [](const std::string&) { return false; };
+const auto kNobodyDisconnected = [](const NodeId&) { return false; };
 
 TEST(FailureArbiter, HoldsOnlyWithMoreThanOneMemberAndHangsLonger) {
   FailureArbiter a(0.5, 3.0);
@@ -36,7 +36,7 @@ TEST(FailureArbiter, DecidesAfterTheSettleTimeUnlessAnotherMemberIsDisconnected)
   FailureArbiter a(1.0, 1.0);
   a.Hold({Report("a", 1), "h", 10.0});
   EXPECT_TRUE(a.TakeDue(10.5, 2, kNobodyDisconnected).empty());
-  EXPECT_TRUE(a.TakeDue(11.5, 2, [](const std::string& except) { return except != "b"; }).empty())
+  EXPECT_TRUE(a.TakeDue(11.5, 2, [](const NodeId& except) { return except != NodeId("b"); }).empty())
       << "another member is disconnected: its loss may be the cause";
   auto due = a.TakeDue(11.5, 2, kNobodyDisconnected);
   ASSERT_EQ(due.size(), 1u);
@@ -47,7 +47,7 @@ TEST(FailureArbiter, DropsReportsOfAnOlderRound) {
   FailureArbiter a(1.0, 1.0);
   a.Hold({Report("a", 1), "h", 0});
   a.Hold({Report("b", 2), "h", 0});
-  auto stale = a.DropStale(2);
+  auto stale = a.DropStale(Round(2));
   ASSERT_EQ(stale.size(), 1u);
   EXPECT_EQ(stale[0].report.node_id(), "a");
   ASSERT_EQ(a.held().size(), 1u);

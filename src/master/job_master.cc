@@ -200,19 +200,19 @@ absl::Status JobMaster::CheckSpec(const v1::JobSpec& given) const {
   return absl::FailedPreconditionError(absl::StrJoin(diffs, "; also "));
 }
 
-absl::Status JobMaster::CheckRound(const char* what, int64_t round) const {
+absl::Status JobMaster::CheckRound(const char* what, Round round) const {
   if (round < round_) {
-    return absl::AbortedError(absl::StrCat("stale round ", round, " (current is ", round_, ")"));
+    return absl::AbortedError(absl::StrCat("stale round ", round.value(), " (current is ", round_.value(), ")"));
   }
   if (round > round_) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " names round ", round,
+    return absl::FailedPreconditionError(absl::StrCat(what, " names round ", round.value(),
                                                       ", which has not started (current is ",
-                                                      round_, ")"));
+                                                      round_.value(), ")"));
   }
   return absl::OkStatus();
 }
 
-bool JobMaster::IsMember(const std::string& node_id) const {
+bool JobMaster::IsMember(const NodeId& node_id) const {
   return world_.Find(node_id) != nullptr;
 }
 
@@ -223,14 +223,14 @@ const char* const JobMaster::kAwaitingCheckReason =
     "joining a running job: this node waits for its pre-flight check, which runs while the job trains "
     "(--network-check)";
 
-void JobMaster::Push(const std::string& node_id, v1::Decision d) {
+void JobMaster::Push(const NodeId& node_id, v1::Decision d) {
   const std::string what = DescribeDecision(d);
   if (outboxes_.Push(node_id, std::move(d))) {
     spdlog::info("job={} node={} round={} decision={}", options_.job_id, node_id, round_, what);
   }
 }
 
-void JobMaster::PushWait(const std::string& node_id, const std::string& reason) {
+void JobMaster::PushWait(const NodeId& node_id, const std::string& reason) {
   v1::Decision d;
   d.mutable_wait()->set_reason(reason);
   Push(node_id, std::move(d));
@@ -243,7 +243,7 @@ std::string JobMaster::SurplusReason() const {
 }
 
 bool JobMaster::WaitingForStartingNodes(double now) const {
-  return round_ == 0 && options_.expected_nodes > rdzv_.size() && rdzv_.size() >= options_.max_nodes &&
+  return round_.none() && options_.expected_nodes > rdzv_.size() && rdzv_.size() >= options_.max_nodes &&
          now < rdzv_.last_join_time() + options_.last_call_s;
 }
 
@@ -268,7 +268,7 @@ std::string JobMaster::RendezvousWaitReason(double now) const {
 
 void JobMaster::StartRound(const World& world, bool is_restart, const std::string& why) {
   FlushProgress(clock_->Now());  // the old round's last steps count first
-  ++round_;
+  round_ = round_.Next();
   if (is_restart) ++restart_count_;
   state_ = JobState::kRunning;
   goodput_.RoundStarted(clock_->Now());
@@ -276,10 +276,10 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
   below_min_context_.clear();
   done_.clear();
   world_ = world;
-  message_ = absl::StrCat("round ", round_, ": ", why);
+  message_ = absl::StrCat("round ", round_.value(), ": ", why);
   spdlog::info("job={} round={} starts: {} nodes, world_size {}, restart_count {} ({})",
                options_.job_id, round_, world.num_nodes(), world.world_size, restart_count_, why);
-  events_.Append("round", round_, "",
+  events_.Append("round", round_.value(), "",
                  absl::StrCat(why, ": ", world.num_nodes(), " nodes, world size ", world.world_size,
                               is_restart ? absl::StrCat(", restart ", restart_count_) : ""));
   for (auto& [id, rec] : nodes_.mutable_alive()) {
@@ -307,7 +307,7 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
 v1::Decision JobMaster::MakeStartRound(const MemberAssignment& m, const World& world) const {
   v1::Decision d;
   v1::StartRound* s = d.mutable_start_round();
-  s->set_round(round_);
+  s->set_round(round_.value());
   s->set_group_rank(m.group_rank);
   s->set_group_world_size(world.num_nodes());
   s->set_rank_offset(m.rank_offset);
@@ -318,7 +318,7 @@ v1::Decision JobMaster::MakeStartRound(const MemberAssignment& m, const World& w
   if (!options_.send_round_members) return d;
   auto add = [&](const MemberAssignment& other) {
     v1::RoundMember* rm = s->add_members();
-    rm->set_node_id(other.node_id);
+    rm->set_node_id(other.node_id.str());
     rm->set_group_rank(other.group_rank);
     rm->set_local_world_size(other.local_world_size);
     rm->set_rank_offset(other.rank_offset);
@@ -348,7 +348,7 @@ void JobMaster::Evaluate(double now) {
       std::optional<World> world = rdzv_.Form();
       if (world.has_value()) {
         StartRound(*world, /*is_restart=*/false,
-                   round_ == 0 ? "rendezvous complete" : "rendezvous complete after node loss");
+                   round_.none() ? "rendezvous complete" : "rendezvous complete after node loss");
       }
       return;
     }
@@ -386,7 +386,7 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
   const World stopped = std::move(world_);
   state_ = JobState::kRendezvous;
   goodput_.Rendezvous(now);
-  events_.Append("rendezvous", round_, "", reason);
+  events_.Append("rendezvous", round_.value(), "", reason);
   below_min_since_ = now;
   below_min_context_ = context;
   world_ = World{};
@@ -396,7 +396,7 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
   for (const auto& m : stopped.members) {
     if (!nodes_.IsAlive(m.node_id)) continue;
     v1::Decision d;
-    d.mutable_stop_workers()->set_round(round_);
+    d.mutable_stop_workers()->set_round(round_.value());
     d.mutable_stop_workers()->set_reason(reason);
     Push(m.node_id, std::move(d));
   }
@@ -407,10 +407,10 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
   }
 }
 
-void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
+void JobMaster::LoseNodes(const std::vector<NodeId>& ids, NodeState how,
                           const std::string& reason, double now, LostList* lost) {
   FlushProgress(now);  // while the lost nodes still count in the world's step
-  std::vector<std::string> gone;
+  std::vector<NodeId> gone;
   std::vector<v1::FailureRecord> broke;  // the round's members it lost
   for (const auto& id : ids) {
     if (!nodes_.IsAlive(id)) continue;
@@ -420,7 +420,7 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     if (member && done_.count(id) == 0 && !finished()) {
       const NodeRecord* rec = nodes_.Find(id);
       v1::FailureRecord r;
-      r.set_node_id(id);
+      r.set_node_id(id.str());
       r.set_host(rec->spec.host);
       r.set_node_rank(world_.Find(id)->group_rank);
       r.set_global_rank(-1);
@@ -432,14 +432,14 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
     nodes_.Remove(id, how, reason);
     rdzv_.Remove(id);
     v1::JournalRecord gone_record;
-    gone_record.mutable_node_gone()->set_node_id(id);
+    gone_record.mutable_node_gone()->set_node_id(id.str());
     gone_record.mutable_node_gone()->set_state(std::string(NodeStateName(how)));
     gone_record.mutable_node_gone()->set_reason(reason);
     Record(std::move(gone_record), /*sync=*/false);  // the round record that follows syncs it
     outboxes_.Remove(id, reason);
     spdlog::warn("job={} node={} round={} lost: {}{}", options_.job_id, id, round_, reason,
                  member ? " (a member of the round)" : "");
-    events_.Append("node_lost", round_, id, reason);
+    events_.Append("node_lost", round_.value(), id.str(), reason);
     gone.push_back(id);
   }
   if (gone.empty() || finished()) return;
@@ -451,15 +451,15 @@ void JobMaster::LoseNodes(const std::vector<std::string>& ids, NodeState how,
   goodput_.Failure(now);
   std::optional<World> world = FormAdmissible();
   for (auto& r : broke) {
-    r.set_round(round_);
+    r.set_round(round_.value());
     r.set_at_s(now - start_time_);
     r.set_action(world.has_value() ? "scale down" : "wait for nodes");
     AddFailure(std::move(r));
   }
   std::string context =
       gone.size() == 1
-          ? absl::StrCat("after node ", gone[0], " was lost (", reason, ")")
-          : absl::StrCat("after nodes ", absl::StrJoin(gone, ", "), " were lost (", reason, ")");
+          ? absl::StrCat("after node ", gone[0].str(), " was lost (", reason, ")")
+          : absl::StrCat("after nodes ", JoinNodeIds(gone, ", "), " were lost (", reason, ")");
   // Recovery speed matters: no last call when the rest still makes a world.
   // The membership change does not use up a restart.
   if (world.has_value()) {
@@ -476,7 +476,7 @@ void JobMaster::MaybeSucceed() {
     if (done_.count(m.node_id) == 0) return;
   }
   Finish(true, absl::StrCat("job succeeded: all ", world_.world_size, " workers on ",
-                            world_.num_nodes(), " nodes of round ", round_, " exited 0"));
+                            world_.num_nodes(), " nodes of round ", round_.value(), " exited 0"));
 }
 
 void JobMaster::Finish(bool succeeded, const std::string& message) {
@@ -485,7 +485,7 @@ void JobMaster::Finish(bool succeeded, const std::string& message) {
   goodput_.Finished(clock_->Now());
   message_ = message;
   outcome_ = JobOutcome{succeeded, message, restart_count_};
-  events_.Append("finished", round_, "", message);
+  events_.Append("finished", round_.value(), "", message);
   RecordRound();
   if (succeeded) {
     spdlog::info("job={} round={} {}", options_.job_id, round_, message);
@@ -509,7 +509,7 @@ void JobMaster::Abort(const std::string& message) {
 
 void JobMaster::NotifyLost(const LostList& lost) {
   if (!options_.on_node_lost) return;
-  for (const auto& [id, reason] : lost) options_.on_node_lost(id, reason);
+  for (const auto& [id, reason] : lost) options_.on_node_lost(id.str(), reason);
 }
 
 // ---------------------------------------------------------------------------
@@ -538,9 +538,10 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     return s;
   }
   JobLock lock(&mu_);
+  const NodeId id(n.node_id());
   // A known node re-joining a finished job (its master restarted after the
   // end) is let in to fetch its JobFinished.
-  if (finished() && nodes_.IsAlive(n.node_id()) && outboxes_.Contains(n.node_id())) return JoinAnswer();
+  if (finished() && nodes_.IsAlive(id) && outboxes_.Contains(id)) return JoinAnswer();
   if (finished()) {
     spdlog::warn("job={} node={} join refused: job already finished", options_.job_id,
                  n.node_id());
@@ -548,7 +549,7 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
         "job already finished (", JobStateName(state_), "): ", message_));
   }
   if (shutdown_) return absl::UnavailableError("the job master is shutting down");
-  if (auto it = precheck_.excluded.find(n.node_id()); it != precheck_.excluded.end()) {
+  if (auto it = precheck_.excluded.find(id); it != precheck_.excluded.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", n.node_id(), " was excluded from the job: ", it->second));
   }
@@ -562,18 +563,18 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     }
   }
   if (request.spec().exclude_stragglers()) precheck_.exclude_stragglers = true;
-  if (const NodeRecord* rec = nodes_.Find(n.node_id());
-      rec != nullptr && IsMember(n.node_id()) &&
+  if (const NodeRecord* rec = nodes_.Find(id);
+      rec != nullptr && IsMember(id) &&
       rec->spec.local_world_size != n.local_world_size()) {
     spdlog::warn("job={} node={} join refused: local_world_size changed {} -> {}",
                  options_.job_id, n.node_id(), rec->spec.local_world_size, n.local_world_size());
     return absl::FailedPreconditionError(absl::StrCat(
-        "node ", n.node_id(), " is in round ", round_, " with ", rec->spec.local_world_size,
+        "node ", n.node_id(), " is in round ", round_.value(), " with ", rec->spec.local_world_size,
         " workers and cannot re-join with ", n.local_world_size(),
         "; use a new node id (restart the agent)"));
   }
   double now = clock_->Now();
-  NodeSpec spec{n.node_id(), n.node_rank_hint() >= 0 ? n.node_rank_hint() : -1,
+  NodeSpec spec{id, n.node_rank_hint() >= 0 ? n.node_rank_hint() : -1,
                 n.local_world_size(), n.host()};
   bool added = false;
   nodes_.Upsert(spec, n.pid(), &added);
@@ -585,24 +586,24 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     spdlog::info("job={} node={} round={} re-joined (host {})", options_.job_id, n.node_id(),
                  round_, n.host());
   } else {
-    outboxes_.Add(n.node_id());
+    outboxes_.Add(id);
     spdlog::info("job={} node={} round={} joined: host {} pid {} local_world_size {} "
                  "rank_hint {} ({} nodes alive)",
                  options_.job_id, n.node_id(), round_, n.host(), n.pid(), n.local_world_size(),
                  spec.node_rank_hint, rdzv_.size());
-    events_.Append("node_joined", round_, n.node_id(), absl::StrCat("host ", n.host(), ", ", n.local_world_size(), " workers"));
+    events_.Append("node_joined", round_.value(), n.node_id(), absl::StrCat("host ", n.host(), ", ", n.local_world_size(), " workers"));
     if (state_ == JobState::kRendezvous) {
-      PushWait(n.node_id(), RendezvousWaitReason(now));
-    } else if (!Admissible(n.node_id())) {
-      PushWait(n.node_id(), kAwaitingCheckReason);
+      PushWait(id, RendezvousWaitReason(now));
+    } else if (!Admissible(id)) {
+      PushWait(id, kAwaitingCheckReason);
     } else if (done_.empty() && world_.num_nodes() < options_.max_nodes &&
                AdmissibleWorldNodes() > world_.num_nodes()) {
-      PushWait(n.node_id(),
+      PushWait(id,
                absl::StrCat("joining: a new round with ", AdmissibleWorldNodes(),
                             " nodes starts after the last call (",
                             absl::SixDigits(options_.last_call_s), " s) unless more nodes join"));
     } else {
-      PushWait(n.node_id(), SurplusReason());
+      PushWait(id, SurplusReason());
     }
     Evaluate(now);
   }
@@ -622,11 +623,11 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
   LostList lost;
   {
     JobLock lock(&mu_);
-    if (!nodes_.IsAlive(request.node_id())) return absl::OkStatus();  // idempotent
+    if (!nodes_.IsAlive(NodeId(request.node_id()))) return absl::OkStatus();  // idempotent
     std::string reason =
         request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason());
     TruncateFront(&reason);
-    LoseNodes({request.node_id()}, NodeState::kLeft, reason, clock_->Now(), &lost);
+    LoseNodes({NodeId(request.node_id())}, NodeState::kLeft, reason, clock_->Now(), &lost);
   }
   NotifyLost(lost);
   return absl::OkStatus();
@@ -634,7 +635,7 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
 
 absl::Status JobMaster::Heartbeat(const v1::HeartbeatRequest& request) {
   JobLock lock(&mu_);
-  absl::Status s = nodes_.Heartbeat(request.node_id());
+  absl::Status s = nodes_.Heartbeat(NodeId(request.node_id()));
   if (!s.ok()) {
     spdlog::warn("job={} node={} heartbeat refused: {}", options_.job_id, request.node_id(),
                  std::string(s.message()));
@@ -654,14 +655,15 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
                                                    "\" (see src/health/failure_class.h for the kinds)"));
   }
   JobLock lock(&mu_);
-  const NodeRecord* rec = nodes_.Find(report.node_id());
+  const NodeId id(report.node_id());
+  const NodeRecord* rec = nodes_.Find(id);
   if (rec == nullptr) {
     spdlog::warn("job={} node={} failure report refused: unknown node", options_.job_id,
                  report.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
   }
   std::string host = rec->spec.host;
-  if (absl::Status s = CheckRound("failure report", report.round()); !s.ok()) {
+  if (absl::Status s = CheckRound("failure report", Round(report.round())); !s.ok()) {
     spdlog::warn("job={} node={} round={} failure report refused: {} ({})", options_.job_id,
                  report.node_id(), report.round(), std::string(s.message()),
                  FaultPolicy::DescribeWorker(report, host));
@@ -673,14 +675,14 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
                  FaultPolicy::DescribeWorker(report, host));
     return absl::OkStatus();
   }
-  if (!IsMember(report.node_id())) {
+  if (!IsMember(id)) {
     spdlog::warn("job={} node={} round={} failure report refused: not a member",
                  options_.job_id, report.node_id(), report.round());
     return absl::FailedPreconditionError(
-        absl::StrCat("node ", report.node_id(), " is not a member of round ", round_));
+        absl::StrCat("node ", report.node_id(), " is not a member of round ", round_.value()));
   }
   const double settle_s = arbiter_.SettleSeconds(report, world_.members.size());
-  const bool other_disconnected = DisconnectedMember(report.node_id()).has_value();
+  const bool other_disconnected = DisconnectedMember(id).has_value();
   if ((settle_s > 0 || other_disconnected) && arbiter_.CanHold()) {
     spdlog::info("job={} node={} round={} failure report held for {:.2f} s{}: {}", options_.job_id,
                  report.node_id(), report.round(), settle_s,
@@ -698,7 +700,7 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
   return absl::OkStatus();
 }
 
-std::optional<std::string> JobMaster::DisconnectedMember(const std::string& except) const {
+std::optional<NodeId> JobMaster::DisconnectedMember(const NodeId& except) const {
   for (const auto& m : world_.members) {
     if (m.node_id == except) continue;
     if (outboxes_.Disconnected(m.node_id)) return m.node_id;
@@ -718,7 +720,7 @@ void JobMaster::DecidePendingFailures(double now) {
                  options_.job_id, h.report.node_id(), h.report.round(), round_);
   }
   std::vector<FailureArbiter::Held> due = arbiter_.TakeDue(
-      now, world_.members.size(), [this](const std::string& except) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      now, world_.members.size(), [this](const NodeId& except) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return DisconnectedMember(except).has_value();
       });
   if (const std::string blame = FailureArbiter::OrderForBlame(&due); !blame.empty()) {
@@ -726,7 +728,7 @@ void JobMaster::DecidePendingFailures(double now) {
   }
   // The policy acts on the first report of the round and logs the rest.
   for (const auto& h : due) {
-    if (h.report.round() != round_ || finished()) break;
+    if (Round(h.report.round()) != round_ || finished()) break;
     HandleFailure(h.report, h.host, FailureArbiter::DetectionSeconds(h.report, now - h.reported_at));
   }
 }
@@ -756,7 +758,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   rec.set_at_s(now - start_time_);
   rec.set_node_id(report.node_id());
   rec.set_host(host);
-  const MemberAssignment* member = world_.Find(report.node_id());
+  const MemberAssignment* member = world_.Find(NodeId(report.node_id()));
   rec.set_node_rank(member != nullptr ? member->group_rank : -1);
   rec.set_global_rank(report.global_rank());
   rec.set_cause(last_failure_.cause());
@@ -774,7 +776,7 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   spdlog::warn("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
                verdict.message);
   // Same membership, unless waiting nodes make a bigger valid world.
-  std::vector<std::string> members;
+  std::vector<NodeId> members;
   for (const auto& m : world_.members) {
     if (nodes_.IsAlive(m.node_id)) members.push_back(m.node_id);
   }
@@ -797,13 +799,14 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
 
 absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request) {
   JobLock lock(&mu_);
-  NodeRecord* rec = nodes_.Find(request.node_id());
+  const NodeId id(request.node_id());
+  NodeRecord* rec = nodes_.Find(id);
   if (rec == nullptr) {
     spdlog::warn("job={} node={} workers-done refused: unknown node", options_.job_id,
                  request.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", request.node_id(), ": join again"));
   }
-  if (absl::Status s = CheckRound("workers-done report", request.round()); !s.ok()) {
+  if (absl::Status s = CheckRound("workers-done report", Round(request.round())); !s.ok()) {
     spdlog::warn("job={} node={} round={} workers-done refused: {}", options_.job_id,
                  request.node_id(), request.round(), std::string(s.message()));
     return s;
@@ -813,17 +816,17 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
                  request.node_id(), request.round(), JobStateName(state_));
     return absl::OkStatus();
   }
-  if (!IsMember(request.node_id())) {
+  if (!IsMember(id)) {
     spdlog::warn("job={} node={} round={} workers-done refused: not a member", options_.job_id,
                  request.node_id(), request.round());
     return absl::FailedPreconditionError(
-        absl::StrCat("node ", request.node_id(), " is not a member of round ", round_));
+        absl::StrCat("node ", request.node_id(), " is not a member of round ", round_.value()));
   }
-  done_.insert(request.node_id());
+  done_.insert(id);
   rec->state = NodeState::kDone;
   v1::JournalRecord done;
   done.mutable_node_done()->set_node_id(request.node_id());
-  done.mutable_node_done()->set_round(round_);
+  done.mutable_node_done()->set_round(round_.value());
   Record(std::move(done), /*sync=*/true);
   spdlog::info("job={} node={} round={} workers done ({} of {} nodes)", options_.job_id,
                request.node_id(), round_, done_.size(), world_.num_nodes());
@@ -833,7 +836,7 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
 
 absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   JobLock lock(&mu_);
-  NodeRecord* rec = nodes_.Find(report.node_id());
+  NodeRecord* rec = nodes_.Find(NodeId(report.node_id()));
   if (rec == nullptr) {
     spdlog::warn("job={} node={} progress report refused: unknown node", options_.job_id,
                  report.node_id());
@@ -841,10 +844,10 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
   }
   if (report.has_timeline() && report.timeline().round() >= rec->timeline.round()) rec->timeline = report.timeline();
   // Progress of an older round is stale but harmless: keep the newest only.
-  if (report.round() == round_) {
+  if (Round(report.round()) == round_) {
     const double now = clock_->Now();
     // Each new save's stall (averaged over the saves since the last report).
-    const bool same_round = rec->progress_round == report.round();
+    const bool same_round = rec->progress_round == Round(report.round());
     const int64_t new_saves = report.ckpt_saves() - (same_round ? rec->ckpt_saves : 0);
     const double new_stall = report.ckpt_stall_sum_s() - (same_round ? rec->ckpt_stall_sum_s : 0);
     if (new_saves > 0) {
@@ -855,7 +858,7 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
     rec->ckpt_stall_sum_s = report.ckpt_stall_sum_s();
     rec->last_step = report.step();
     rec->last_step_time_s = report.step_time_s();
-    rec->progress_round = report.round();
+    rec->progress_round = Round(report.round());
     rec->step_reached_at = now - std::max(0.0, report.step_age_s());
     rec->first_step_known = report.first_step_known();
     rec->first_step = report.first_step();
@@ -986,12 +989,13 @@ absl::StatusOr<JobMaster::WatchHandle> JobMaster::OpenWatch(const std::string& n
                                                             std::shared_ptr<DecisionSink> sink) {
   JobLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the job master is shutting down");
-  if (!outboxes_.Contains(node_id) || !nodes_.IsAlive(node_id)) {
+  const NodeId id(node_id);
+  if (!outboxes_.Contains(id) || !nodes_.IsAlive(id)) {
     spdlog::warn("job={} node={} watch refused: unknown node", options_.job_id, node_id);
     return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
   }
   bool replaced = false;
-  absl::StatusOr<WatchHandle> handle = outboxes_.Open(node_id, std::move(sink), &replaced);
+  absl::StatusOr<WatchHandle> handle = outboxes_.Open(id, std::move(sink), &replaced);
   if (handle.ok()) {
     spdlog::info("job={} node={} round={} watch stream opened{}", options_.job_id, node_id, round_,
                  replaced ? " (replaces the older stream)" : "");
@@ -1039,10 +1043,10 @@ void JobMaster::TickLocked(LostList* lost) {
   double now = clock_->Now();
   FlushProgress(now);
   WarnNewStragglers(now);
-  std::vector<std::string> silent = nodes_.SilentNodes();
+  std::vector<NodeId> silent = nodes_.SilentNodes();
   if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, lost);
   if (options_.disconnect_grace_s > 0) {
-    const std::vector<std::string> gone = outboxes_.DisconnectedFor(now, options_.disconnect_grace_s);
+    const std::vector<NodeId> gone = outboxes_.DisconnectedFor(now, options_.disconnect_grace_s);
     if (!gone.empty()) {
       LoseNodes(gone, NodeState::kDead,
                 absl::StrCat("agent disconnected: its decision stream closed and it did not "

@@ -63,6 +63,7 @@
 #include "master/failure_log.h"
 #include "master/goodput.h"
 #include "common/clock.h"
+#include "common/ids.h"
 #include "common/logging.h"
 #include "master/fault_policy.h"
 #include "master/journal.h"
@@ -264,7 +265,7 @@ class JobMaster {
     absl::MutexLock lock_;
   };
   enum class JobState { kRendezvous, kRunning, kSucceeded, kFailed };
-  using LostList = std::vector<std::pair<std::string, std::string>>;  // (node, reason)
+  using LostList = std::vector<std::pair<NodeId, std::string>>;  // (node, reason)
 
   static const char* JobStateName(JobState s);
   static const char* const kAwaitingCheckReason;  // Wait reason of an unchecked joiner
@@ -272,7 +273,7 @@ class JobMaster {
     return state_ == JobState::kSucceeded || state_ == JobState::kFailed;
   }
   absl::Status CheckSpec(const v1::JobSpec& given) const;
-  absl::Status CheckRound(const char* what, int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRound(const char* what, Round round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the goodput accountant the world's step from the members' reports.
   void WorldProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Folds the progress reports since the last call into the world's step
@@ -281,7 +282,7 @@ class JobMaster {
   // history it feeds are a cache of the reports (hence mutable).
   void FlushProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The current round's members' step times (0: unknown), for straggler checks.
-  std::map<std::string, double> RoundStepTimes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<NodeId, double> RoundStepTimes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs a node once when it turns into a straggler (at most once a second).
   void WarnNewStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStragglerCheckIntervalS = 1.0;
@@ -293,8 +294,8 @@ class JobMaster {
 
   // Queues `d` for the node and makes it the node's current decision when it
   // is a StartRound, Wait or JobFinished.
-  void Push(const std::string& node_id, v1::Decision d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PushWait(const std::string& node_id, const std::string& reason)
+  void Push(const NodeId& node_id, v1::Decision d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushWait(const NodeId& node_id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SurplusReason() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before the first round: MAX joined, but not every node the scheduler
@@ -309,7 +310,7 @@ class JobMaster {
   void Evaluate(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Nodes died or left: removes them and, if an active member is among them,
   // re-forms the world once (scale down, or below MIN: stop and wait).
-  void LoseNodes(const std::vector<std::string>& ids, NodeState how, const std::string& reason,
+  void LoseNodes(const std::vector<NodeId>& ids, NodeState how, const std::string& reason,
                  double now, LostList* lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Too few nodes for a valid world: stop the members and wait for joins.
   void EnterBelowMin(const std::string& context, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,7 +320,7 @@ class JobMaster {
   void HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the round other than `except` whose Watch stream is closed.
-  std::optional<std::string> DisconnectedMember(const std::string& except) const
+  std::optional<NodeId> DisconnectedMember(const NodeId& except) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides held failure reports whose settle time passed (FailureArbiter);
   // drops those a node loss made stale.
@@ -327,7 +328,7 @@ class JobMaster {
   void Finish(bool succeeded, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a decided failure to the log (and the journal).
   void AddFailure(v1::FailureRecord r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsMember(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsMember(const NodeId& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLost(const LostList& lost);
   // Pre-flight check (job_master_precheck.cc). Returns true while the check
   // holds the round back: it runs, or it just started because a participant
@@ -344,20 +345,20 @@ class JobMaster {
   // Sends each node its RunCheck decision of a check round.
   void PushRunChecks(CheckDecisions decisions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a running pre-flight check includes the node.
-  bool InRunningCheck(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool InRunningCheck(const NodeId& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a running check when one of its nodes left the rendezvous.
   void AbortCheckIfNodeLeft() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a participant may be placed in a round: always without the
   // pre-flight check, else once it passed one.
-  bool Admissible(const std::string& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Admissible(const NodeId& node_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The admissible participants, and the world (or its size) they make while
   // the job runs. A round that forms during rendezvous follows the check gate.
-  std::vector<std::string> AdmissibleNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<NodeId> AdmissibleNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int AdmissibleWorldNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<World> FormAdmissible() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a node out of the job for good: Excluded decision, out of the
   // rendezvous, its re-joins refused.
-  void ExcludeNode(const std::string& node_id, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExcludeNode(const NodeId& node_id, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- The journal (job_master_journal.cc). ---
   // Appends a record; a failed write is logged once and the master goes on
@@ -403,10 +404,10 @@ class JobMaster {
   Rendezvous rdzv_ ABSL_GUARDED_BY(mu_);
   NodeTable nodes_ ABSL_GUARDED_BY(mu_);
   FaultPolicy policy_ ABSL_GUARDED_BY(mu_);
-  int64_t round_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first round
+  Round round_ ABSL_GUARDED_BY(mu_);  // none until the first round
   int restart_count_ ABSL_GUARDED_BY(mu_) = 0;
   World world_ ABSL_GUARDED_BY(mu_);                 // the current round's world
-  std::set<std::string> done_ ABSL_GUARDED_BY(mu_);  // members that reported done
+  std::set<NodeId> done_ ABSL_GUARDED_BY(mu_);  // members that reported done
   // Set while below MIN after a loss: when the wait began and what was lost.
   std::optional<double> below_min_since_ ABSL_GUARDED_BY(mu_);
   std::string below_min_context_ ABSL_GUARDED_BY(mu_);
@@ -424,9 +425,9 @@ class JobMaster {
     bool enabled = false;
     bool exclude_stragglers = false;
     PrecheckCoordinator coordinator;
-    std::set<std::string> passed;                  // nodes that passed a check
-    std::map<std::string, double> best_times;      // their check times (straggler reference)
-    std::map<std::string, std::string> excluded;   // node id -> why
+    std::set<NodeId> passed;                  // nodes that passed a check
+    std::map<NodeId, double> best_times;      // their check times (straggler reference)
+    std::map<NodeId, std::string> excluded;   // node id -> why
     std::string verdict;                           // the last verdict, for status
   };
   Precheck precheck_ ABSL_GUARDED_BY(mu_);

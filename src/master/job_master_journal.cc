@@ -60,11 +60,11 @@ void JobMaster::RecordRound() {
   v1::JournalRecord r;
   v1::JournalRound* jr = r.mutable_round();
   jr->set_state(JobStateName(state_));
-  jr->set_round(round_);
+  jr->set_round(round_.value());
   jr->set_restart_count(restart_count_);
   for (const auto& m : world_.members) {
     v1::JournalMember* jm = jr->add_members();
-    jm->set_node_id(m.node_id);
+    jm->set_node_id(m.node_id.str());
     jm->set_group_rank(m.group_rank);
     jm->set_local_world_size(m.local_world_size);
     jm->set_rank_offset(m.rank_offset);
@@ -94,7 +94,7 @@ void JobMaster::RecordNodeUp(const NodeSpec& spec, int64_t pid) {
   if (journal_ == nullptr) return;
   v1::JournalRecord r;
   v1::NodeInfo* n = r.mutable_node_up();
-  n->set_node_id(spec.node_id);
+  n->set_node_id(spec.node_id.str());
   n->set_node_rank_hint(spec.node_rank_hint);
   n->set_local_world_size(spec.local_world_size);
   n->set_host(spec.host);
@@ -135,23 +135,23 @@ void JobMaster::Restore(const v1::MasterSnapshot& st) {
   ckpt_.FromProto(st.ckpt_dirs());
   failures_.Restore(st.failures(), st.failures_total());
   for (const auto& h : st.held()) {
-    if (h.report().round() == round_ && state_ == JobState::kRunning) arbiter_.Hold({h.report(), h.host(), now});
+    if (Round(h.report().round()) == round_ && state_ == JobState::kRunning) arbiter_.Hold({h.report(), h.host(), now});
   }
   RestoreGoodput(st, now);
   RestoreDecisions(now);
   if (finished()) outcome_ = JobOutcome{state_ == JobState::kSucceeded, message_, restart_count_};
   const std::string note =
       absl::StrCat("the job master restarted and resumed the job from its journal (", journal_->recovery_note(), "): ",
-                   JobStateName(state_), ", round ", round_, ", ", world_.num_nodes(), " members, ", st.nodes_size(),
+                   JobStateName(state_), ", round ", round_.value(), ", ", world_.num_nodes(), " members, ", st.nodes_size(),
                    " nodes known, restart count ", restart_count_, "; waiting up to ",
                    absl::SixDigits(2 * options_.heartbeat_timeout_s), " s for their agents to reconnect");
   spdlog::warn("job={} {}", options_.job_id, note);
-  events_.Append("master_restarted", round_, "", note);
+  events_.Append("master_restarted", round_.value(), "", note);
 }
 
 void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
   const v1::JournalRound& jr = st.round();
-  round_ = jr.round();
+  round_ = Round(jr.round());
   restart_count_ = jr.restart_count();
   state_ = jr.state() == "running"     ? JobState::kRunning
            : jr.state() == "succeeded" ? JobState::kSucceeded
@@ -165,12 +165,12 @@ void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
   world_ = World{};
   world_.world_size = jr.world_size();
   for (const auto& m : jr.members()) {
-    world_.members.push_back(MemberAssignment{m.node_id(), m.group_rank(), m.local_world_size(), m.rank_offset(), m.host()});
+    world_.members.push_back(MemberAssignment{NodeId(m.node_id()), m.group_rank(), m.local_world_size(), m.rank_offset(), m.host()});
   }
-  for (const auto& [id, why] : st.excluded()) precheck_.excluded[id] = why;
+  for (const auto& [id, why] : st.excluded()) precheck_.excluded[NodeId(id)] = why;
   for (const auto& [id, t] : st.passed()) {
-    precheck_.passed.insert(id);
-    if (t > 0) precheck_.best_times[id] = t;
+    precheck_.passed.insert(NodeId(id));
+    if (t > 0) precheck_.best_times[NodeId(id)] = t;
   }
   if (!st.passed().empty() || !st.excluded().empty()) precheck_.enabled = true;
 }
@@ -199,27 +199,28 @@ void JobMaster::RestoreNodes(const v1::MasterSnapshot& st, double now) {
   }
   std::vector<const v1::NodeInfo*> others;
   for (const auto& [id, n] : st.nodes()) {
-    if (world_.Find(id) == nullptr) others.push_back(&n);
+    if (world_.Find(NodeId(id)) == nullptr) others.push_back(&n);
   }
   order.insert(order.end(), others.begin(), others.end());
-  std::set<std::string> done;
-  for (const auto& d : st.done()) done.insert(d.node_id());
+  std::set<NodeId> done;
+  for (const auto& d : st.done()) done.insert(NodeId(d.node_id()));
   for (const v1::NodeInfo* n : order) {
-    NodeSpec spec{n->node_id(), n->node_rank_hint(), n->local_world_size(), n->host()};
+    const NodeId id(n->node_id());
+    NodeSpec spec{id, n->node_rank_hint(), n->local_world_size(), n->host()};
     NodeRecord& rec = nodes_.Upsert(spec, n->pid());
     // Its agent retries every <= 2 s on a channel that itself backs off
     // <= 2 s: two heartbeat timeouts to come back.
     rec.last_heartbeat = now + options_.heartbeat_timeout_s;
-    if (const MemberAssignment* m = world_.Find(n->node_id()); m != nullptr && state_ == JobState::kRunning) {
-      rec.state = done.count(n->node_id()) > 0 ? NodeState::kDone : NodeState::kTraining;
+    if (const MemberAssignment* m = world_.Find(id); m != nullptr && state_ == JobState::kRunning) {
+      rec.state = done.count(id) > 0 ? NodeState::kDone : NodeState::kTraining;
       rec.group_rank = m->group_rank;
-      if (rec.state == NodeState::kDone) done_.insert(n->node_id());
+      if (rec.state == NodeState::kDone) done_.insert(id);
     }
-    if (precheck_.excluded.count(n->node_id()) == 0) rdzv_.Join(spec, now);
-    outboxes_.Add(n->node_id());
+    if (precheck_.excluded.count(id) == 0) rdzv_.Join(spec, now);
+    outboxes_.Add(id);
   }
   for (const auto& [id, n] : st.nodes()) {
-    if (world_.Find(id) == nullptr) world_.surplus.push_back(id);
+    if (world_.Find(NodeId(id)) == nullptr) world_.surplus.push_back(NodeId(id));
   }
 }
 
@@ -244,7 +245,7 @@ void JobMaster::RestoreDecisions(double now) {
   // Each node's current decision, re-sent when its agent reconnects: the
   // same StartRound it runs (agents ignore a round they already run), a Wait,
   // or the job's end.
-  for (const std::string& id : outboxes_.Nodes()) {
+  for (const NodeId& id : outboxes_.Nodes()) {
     v1::Decision d;
     if (finished()) {
       d.mutable_job_finished()->set_succeeded(state_ == JobState::kSucceeded);

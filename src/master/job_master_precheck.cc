@@ -19,7 +19,7 @@ absl::Status JobMaster::ReportCheckResult(const v1::CheckResult& received) {
   v1::CheckResult result = received;
   TruncateFront(result.mutable_error());
   JobLock lock(&mu_);
-  if (nodes_.Find(result.node_id()) == nullptr) {
+  if (nodes_.Find(NodeId(result.node_id())) == nullptr) {
     spdlog::warn("job={} node={} check result refused: unknown node", options_.job_id, result.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", result.node_id(), ": join again"));
   }
@@ -45,12 +45,12 @@ void JobMaster::PushRunChecks(CheckDecisions decisions) {
   }
 }
 
-bool JobMaster::Admissible(const std::string& node_id) const {
+bool JobMaster::Admissible(const NodeId& node_id) const {
   return !precheck_.enabled || precheck_.passed.count(node_id) > 0;
 }
 
-std::vector<std::string> JobMaster::AdmissibleNodes() const {
-  std::vector<std::string> out;
+std::vector<NodeId> JobMaster::AdmissibleNodes() const {
+  std::vector<NodeId> out;
   for (const NodeSpec& spec : rdzv_.Ordered()) {
     if (Admissible(spec.node_id)) out.push_back(spec.node_id);
   }
@@ -63,7 +63,7 @@ int JobMaster::AdmissibleWorldNodes() const {
 
 std::optional<World> JobMaster::FormAdmissible() const { return rdzv_.FormFrom(AdmissibleNodes()); }
 
-bool JobMaster::InRunningCheck(const std::string& node_id) const {
+bool JobMaster::InRunningCheck(const NodeId& node_id) const {
   const PrecheckCoordinator& c = precheck_.coordinator;
   return c.active() && std::any_of(c.nodes().begin(), c.nodes().end(),
                                    [&](const PrecheckNode& n) { return n.node_id == node_id; });
@@ -105,11 +105,11 @@ bool JobMaster::JoinerCheckGate(double now) {
       reference.push_back(it->second);
     }
   }
-  std::vector<std::string> ids;
+  std::vector<NodeId> ids;
   for (const auto& j : joiners) ids.push_back(j.node_id);
   CheckDecisions decisions = c.Begin(std::move(joiners), now, /*joiners=*/true, std::move(reference));
   spdlog::info("job={} round={} pre-flight check of {} joining node(s) ({}) while the job trains", options_.job_id,
-               round_, ids.size(), absl::StrJoin(ids, ", "));
+               round_, ids.size(), JoinNodeIds(ids, ", "));
   PushRunChecks(std::move(decisions));
   return true;
 }
@@ -126,14 +126,14 @@ bool JobMaster::PrecheckGate(double now) {
   }
   if (!rdzv_.Ready(now)) return false;
   std::vector<PrecheckNode> nodes;
-  std::vector<std::string> unchecked;
+  std::vector<NodeId> unchecked;
   for (const NodeSpec& spec : rdzv_.Ordered()) {
     nodes.push_back({spec.node_id, spec.local_world_size});
     if (precheck_.passed.count(spec.node_id) == 0) unchecked.push_back(spec.node_id);
   }
   if (unchecked.empty()) return false;
   CheckDecisions decisions = c.Begin(std::move(nodes), now);
-  message_ = absl::StrCat("pre-flight check of ", c.nodes().size(), " nodes (new: ", absl::StrJoin(unchecked, ", "),
+  message_ = absl::StrCat("pre-flight check of ", c.nodes().size(), " nodes (new: ", JoinNodeIds(unchecked, ", "),
                           "): round 1");
   spdlog::info("job={} {}", options_.job_id, message_);
   goodput_.Precheck(now);
@@ -153,10 +153,10 @@ void JobMaster::DrivePrecheck(double now) {
   if (step.outcome.has_value()) ApplyPrecheckOutcome(*step.outcome, now);
 }
 
-void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reason) {
+void JobMaster::ExcludeNode(const NodeId& node_id, const std::string& reason) {
   precheck_.excluded[node_id] = reason;
   v1::JournalRecord r;
-  r.mutable_excluded()->set_node_id(node_id);
+  r.mutable_excluded()->set_node_id(node_id.str());
   r.mutable_excluded()->set_reason(reason);
   Record(std::move(r), /*sync=*/true);  // its re-joins stay refused after a master restart
   precheck_.passed.erase(node_id);
@@ -167,19 +167,19 @@ void JobMaster::ExcludeNode(const std::string& node_id, const std::string& reaso
     rec->group_rank = -1;
   }
   spdlog::warn("job={} node={} excluded from the job: {}", options_.job_id, node_id, reason);
-  events_.Append("node_excluded", round_, node_id, reason);
+  events_.Append("node_excluded", round_.value(), node_id.str(), reason);
   v1::Decision d;
   d.mutable_excluded()->set_reason(reason);
   Push(node_id, std::move(d));
-  if (options_.on_node_excluded) options_.on_node_excluded(node_id, reason);
+  if (options_.on_node_excluded) options_.on_node_excluded(node_id.str(), reason);
 }
 
 void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now) {
   const health::Verdict& v = outcome.verdict;
   precheck_.verdict = v.message;
-  events_.Append("precheck", round_, "", v.message);
+  events_.Append("precheck", round_.value(), "", v.message);
   std::vector<std::string> errors;
-  for (const auto& [id, err] : outcome.errors) errors.push_back(absl::StrCat(id, " (", err, ")"));
+  for (const auto& [id, err] : outcome.errors) errors.push_back(absl::StrCat(id.str(), " (", err, ")"));
   // Joiners that all failed are kept out; the training members are fine.
   if (v.all_failed && !outcome.joiners) {
     Finish(false, absl::StrCat("job failed: ", v.message,
@@ -206,7 +206,7 @@ void JobMaster::ApplyPrecheckOutcome(const PrecheckOutcome& outcome, double now)
   for (const auto& [id, t] : outcome.best_times) precheck_.best_times[id] = t;
   for (const auto& id : precheck_.passed) {
     v1::JournalRecord r;
-    r.mutable_passed()->set_node_id(id);
+    r.mutable_passed()->set_node_id(id.str());
     if (auto it = precheck_.best_times.find(id); it != precheck_.best_times.end()) r.mutable_passed()->set_check_time_s(it->second);
     Record(std::move(r), /*sync=*/false);
   }

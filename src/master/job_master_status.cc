@@ -22,10 +22,10 @@ void JobMaster::FlushProgress(double now) const {
   if (state_ == JobState::kRunning) WorldProgress(now);
 }
 
-std::map<std::string, double> JobMaster::RoundStepTimes() const {
+std::map<NodeId, double> JobMaster::RoundStepTimes() const {
   // Compared among the current round's members only (a step time from an
   // older round or another world size says nothing about this one).
-  std::map<std::string, double> step_times;
+  std::map<NodeId, double> step_times;
   for (const auto& m : world_.members) {
     const NodeRecord* rec = nodes_.Find(m.node_id);
     if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
@@ -36,8 +36,8 @@ std::map<std::string, double> JobMaster::RoundStepTimes() const {
 void JobMaster::WarnNewStragglers(double now) {
   if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
   stragglers_checked_at_ = now;
-  const std::map<std::string, double> step_times = RoundStepTimes();
-  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
+  const std::map<NodeId, double> step_times = RoundStepTimes();
+  const std::set<NodeId> stragglers = FindStragglers(step_times, options_.straggler_factor);
   for (const auto& [id, step_time] : step_times) {
     NodeRecord* rec = nodes_.Find(id);
     const bool straggler = stragglers.count(id) > 0;
@@ -57,14 +57,14 @@ v1::JobStatus JobMaster::Status() const {
   v1::JobStatus st;
   st.set_job_id(options_.job_id);
   st.set_state(JobStateName(state_));
-  st.set_round(round_);
+  st.set_round(round_.value());
   st.set_world_size(world_.world_size);
   st.set_restart_count(restart_count_);
   *st.mutable_spec() = spec_;
-  const std::map<std::string, double> step_times = RoundStepTimes();
-  const std::set<std::string> stragglers = FindStragglers(step_times, options_.straggler_factor);
+  const std::map<NodeId, double> step_times = RoundStepTimes();
+  const std::set<NodeId> stragglers = FindStragglers(step_times, options_.straggler_factor);
   auto add = [&](const NodeRecord& rec) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const std::string& id = rec.spec.node_id;
+    const NodeId& id = rec.spec.node_id;
     const bool spare = state_ == JobState::kRunning && rec.state == NodeState::kWaiting && !IsMember(id);
     auto step_time = step_times.find(id);
     status_view::AddNode(rec,
@@ -136,7 +136,7 @@ void JobMaster::WorldProgress(double now) const {
   if (!first_known) w.first_step = -1;
   if (first_known) {
     std::vector<v1::FailureRecord> completed;
-    failures_.Resumed(round_, w.first_at - start_time_, w.first_step, goodput_.high_water_step(), &completed);
+    failures_.Resumed(round_.value(), w.first_at - start_time_, w.first_step, goodput_.high_water_step(), &completed);
     for (auto& rec : completed) {
       v1::JournalRecord r;
       *r.mutable_failure() = std::move(rec);

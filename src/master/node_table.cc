@@ -48,41 +48,41 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
   return rec;
 }
 
-NodeRecord* NodeTable::Find(const std::string& node_id) {
+NodeRecord* NodeTable::Find(const NodeId& node_id) {
   auto it = alive_.find(node_id);
   return it == alive_.end() ? nullptr : &it->second;
 }
 
-const NodeRecord* NodeTable::Find(const std::string& node_id) const {
+const NodeRecord* NodeTable::Find(const NodeId& node_id) const {
   auto it = alive_.find(node_id);
   return it == alive_.end() ? nullptr : &it->second;
 }
 
-absl::Status NodeTable::Heartbeat(const std::string& node_id) {
+absl::Status NodeTable::Heartbeat(const NodeId& node_id) {
   NodeRecord* rec = Find(node_id);
   if (rec == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown node ", node_id, ": join again"));
+    return absl::NotFoundError(absl::StrCat("unknown node ", node_id.str(), ": join again"));
   }
   rec->last_heartbeat = clock_->Now();
   return absl::OkStatus();
 }
 
-std::vector<std::string> NodeTable::SilentNodes() const {
+std::vector<NodeId> NodeTable::SilentNodes() const {
   double now = clock_->Now();
-  std::vector<std::string> out;
+  std::vector<NodeId> out;
   for (const auto& [id, rec] : alive_) {
     if (now - rec.last_heartbeat > heartbeat_timeout_s_) out.push_back(id);
   }
   return out;
 }
 
-std::vector<std::string> NodeTable::ExpireSilent() {
-  std::vector<std::string> silent = SilentNodes();
+std::vector<NodeId> NodeTable::ExpireSilent() {
+  std::vector<NodeId> silent = SilentNodes();
   for (const auto& id : silent) Remove(id, NodeState::kDead, "heartbeat timeout");
   return silent;
 }
 
-bool NodeTable::Remove(const std::string& node_id, NodeState state, const std::string& reason) {
+bool NodeTable::Remove(const NodeId& node_id, NodeState state, const std::string& reason) {
   auto it = alive_.find(node_id);
   if (it == alive_.end()) return false;
   NodeRecord rec = std::move(it->second);

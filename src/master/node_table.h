@@ -40,7 +40,7 @@ struct NodeRecord {
   double last_heartbeat = 0;
   int64_t last_step = 0;
   double last_step_time_s = 0;
-  int64_t progress_round = 0;  // the round last_step/last_step_time_s belong to
+  Round progress_round;        // the round last_step/last_step_time_s belong to
   bool straggler = false;      // flagged at its last progress report (for a one-time warning)
   std::string gone_reason;  // why a dead/left node is gone
   v1::StartTimeline timeline;  // its workers' last (re)start (from progress reports)
@@ -66,32 +66,32 @@ class NodeTable {
   // dead or left is alive again (a reconnecting agent).
   NodeRecord& Upsert(const NodeSpec& spec, int64_t pid, bool* added = nullptr);
 
-  NodeRecord* Find(const std::string& node_id);
-  const NodeRecord* Find(const std::string& node_id) const;
-  bool IsAlive(const std::string& node_id) const { return Find(node_id) != nullptr; }
+  NodeRecord* Find(const NodeId& node_id);
+  const NodeRecord* Find(const NodeId& node_id) const;
+  bool IsAlive(const NodeId& node_id) const { return Find(node_id) != nullptr; }
 
   // Records a heartbeat. NOT_FOUND "unknown node X: join again" for a node
   // that never joined or was declared dead (it must join again).
-  absl::Status Heartbeat(const std::string& node_id);
+  absl::Status Heartbeat(const NodeId& node_id);
 
   // Alive nodes whose last heartbeat is older than the timeout, in id order.
-  std::vector<std::string> SilentNodes() const;
+  std::vector<NodeId> SilentNodes() const;
   // SilentNodes(), each moved to the remembered set as dead.
-  std::vector<std::string> ExpireSilent();
+  std::vector<NodeId> ExpireSilent();
 
   // Moves an alive node to the remembered set with `state` (kDead or kLeft).
   // Returns false if it was not alive.
-  bool Remove(const std::string& node_id, NodeState state, const std::string& reason);
+  bool Remove(const NodeId& node_id, NodeState state, const std::string& reason);
 
-  const std::map<std::string, NodeRecord>& alive() const { return alive_; }
-  std::map<std::string, NodeRecord>& mutable_alive() { return alive_; }
+  const std::map<NodeId, NodeRecord>& alive() const { return alive_; }
+  std::map<NodeId, NodeRecord>& mutable_alive() { return alive_; }
   const std::deque<NodeRecord>& gone() const { return gone_; }
   double heartbeat_timeout_s() const { return heartbeat_timeout_s_; }
 
  private:
   ClockInterface* clock_;
   double heartbeat_timeout_s_;
-  std::map<std::string, NodeRecord> alive_;
+  std::map<NodeId, NodeRecord> alive_;
   std::deque<NodeRecord> gone_;  // oldest first
 };
 

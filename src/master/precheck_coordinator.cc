@@ -82,15 +82,15 @@ absl::Status PrecheckCoordinator::Record(const v1::CheckResult& result) {
                                            active_ ? check_id_ : 0, ")"));
   }
   for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) {
-    if (nodes_[i].node_id != result.node_id()) continue;
+    if (nodes_[i].node_id != NodeId(result.node_id())) continue;
     if (pending_.erase(i) == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("node ", result.node_id(), " has no pending result in check ", check_id_));
     }
     results_[i].ok = result.ok() && std::isfinite(result.time_s());
     results_[i].time_s = results_[i].ok ? result.time_s() : std::numeric_limits<double>::infinity();
-    if (!result.ok() && errors_.count(result.node_id()) == 0) {
-      errors_[result.node_id()] = absl::StrCat("round ", round_, ": ", result.error());
+    if (!result.ok() && errors_.count(NodeId(result.node_id())) == 0) {
+      errors_[NodeId(result.node_id())] = absl::StrCat("round ", round_, ": ", result.error());
     }
     return absl::OkStatus();
   }
@@ -143,11 +143,11 @@ PrecheckOutcome PrecheckCoordinator::MakeOutcome(const health::Verdict& verdict)
     if (best[i] - median < options_.straggler_min_gap_s) continue;
     o.verdict.stragglers.push_back(i);
     o.stragglers.push_back(nodes_[i].node_id);
-    slow_text.push_back(absl::StrCat(nodes_[i].node_id, " (", absl::SixDigits(best[i]), " s)"));
+    slow_text.push_back(absl::StrCat(nodes_[i].node_id.str(), " (", absl::SixDigits(best[i]), " s)"));
   }
   std::vector<std::string> parts;
   if (!o.faulty.empty()) {
-    parts.push_back(absl::StrCat("faulty node(s) ", absl::StrJoin(o.faulty, ", "),
+    parts.push_back(absl::StrCat("faulty node(s) ", JoinNodeIds(o.faulty, ", "),
                                  " failed in every check round they ran in"));
   }
   if (!slow_text.empty()) {

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "ballast/v1/master.pb.h"
+#include "common/ids.h"
 #include "health/precheck.h"
 
 namespace ballast::master {
@@ -56,24 +57,24 @@ struct PrecheckOptions {
 };
 
 struct PrecheckNode {
-  std::string node_id;
+  NodeId node_id;
   int local_world_size = 1;
 };
 
 // The result of a finished check, with node ids instead of indices.
 struct PrecheckOutcome {
   health::Verdict verdict;
-  std::vector<std::string> nodes;       // checked nodes, in rank order
-  std::vector<std::string> faulty;      // verdict.faulty as node ids
-  std::vector<std::string> stragglers;  // verdict.stragglers as node ids
-  std::map<std::string, std::string> errors;  // node id -> first error it reported
+  std::vector<NodeId> nodes;       // checked nodes, in rank order
+  std::vector<NodeId> faulty;      // verdict.faulty as node ids
+  std::vector<NodeId> stragglers;  // verdict.stragglers as node ids
+  std::map<NodeId, std::string> errors;  // node id -> first error it reported
   // node id -> best passing time in a group of several nodes (not alone):
   // the reference for judging later joiners.
-  std::map<std::string, double> best_times;
+  std::map<NodeId, double> best_times;
   bool joiners = false;                       // a check of joining nodes
 };
 
-using CheckDecisions = std::vector<std::pair<std::string, v1::RunCheck>>;
+using CheckDecisions = std::vector<std::pair<NodeId, v1::RunCheck>>;
 
 class PrecheckCoordinator {
  public:
@@ -125,7 +126,7 @@ class PrecheckCoordinator {
   std::vector<health::NodeResult> results_;
   std::vector<health::NodeResult> r1_, r2_;
   health::Verdict verdict2_;
-  std::map<std::string, std::string> errors_;
+  std::map<NodeId, std::string> errors_;
 };
 
 }  // namespace ballast::master

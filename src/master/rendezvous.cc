@@ -1,11 +1,11 @@
 #include "master/rendezvous.h"
 
 #include <algorithm>
-#include <unordered_set>
+#include <set>
 
 namespace ballast::master {
 
-const MemberAssignment* World::Find(const std::string& node_id) const {
+const MemberAssignment* World::Find(const NodeId& node_id) const {
   for (const auto& m : members) {
     if (m.node_id == node_id) return &m;
   }
@@ -26,7 +26,7 @@ bool Rendezvous::Join(const NodeSpec& node, double now) {
   return true;
 }
 
-bool Rendezvous::Remove(const std::string& node_id) {
+bool Rendezvous::Remove(const NodeId& node_id) {
   auto it = std::find_if(entries_.begin(), entries_.end(),
                          [&](const Entry& e) { return e.spec.node_id == node_id; });
   if (it == entries_.end()) return false;
@@ -34,7 +34,7 @@ bool Rendezvous::Remove(const std::string& node_id) {
   return true;
 }
 
-bool Rendezvous::Contains(const std::string& node_id) const {
+bool Rendezvous::Contains(const NodeId& node_id) const {
   return std::any_of(entries_.begin(), entries_.end(),
                      [&](const Entry& e) { return e.spec.node_id == node_id; });
 }
@@ -83,8 +83,8 @@ std::vector<NodeSpec> Rendezvous::Ordered() const {
 
 std::optional<World> Rendezvous::Form() const { return FormImpl(OrderedEntries()); }
 
-std::optional<World> Rendezvous::FormFrom(const std::vector<std::string>& candidates) const {
-  std::unordered_set<std::string> wanted(candidates.begin(), candidates.end());
+std::optional<World> Rendezvous::FormFrom(const std::vector<NodeId>& candidates) const {
+  const std::set<NodeId> wanted(candidates.begin(), candidates.end());
   std::vector<const Entry*> chosen;
   for (const Entry* e : OrderedEntries()) {
     if (wanted.count(e->spec.node_id) > 0) chosen.push_back(e);
@@ -96,7 +96,7 @@ std::optional<World> Rendezvous::FormImpl(const std::vector<const Entry*>& order
   int n = RoundedNodes(static_cast<int>(ordered.size()));
   if (n == 0) return std::nullopt;
   World world;
-  std::unordered_set<std::string> members;
+  std::set<NodeId> members;
   int offset = 0;
   for (int i = 0; i < n; ++i) {
     const NodeSpec& s = ordered[i]->spec;

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "common/ids.h"
+
 namespace ballast::master {
 
 struct RendezvousConfig {
@@ -38,14 +40,14 @@ struct RendezvousConfig {
 
 // What a node brings to the rendezvous.
 struct NodeSpec {
-  std::string node_id;
+  NodeId node_id;
   int node_rank_hint = -1;  // -1: no hint
   int local_world_size = 1;
   std::string host;
 };
 
 struct MemberAssignment {
-  std::string node_id;
+  NodeId node_id;
   int group_rank = 0;
   int local_world_size = 0;
   int rank_offset = 0;  // global rank of the node's local rank 0
@@ -55,11 +57,11 @@ struct MemberAssignment {
 // The outcome of a completed rendezvous.
 struct World {
   std::vector<MemberAssignment> members;  // in group-rank order
-  std::vector<std::string> surplus;       // participants not chosen, in rank order
+  std::vector<NodeId> surplus;            // participants not chosen, in rank order
   int world_size = 0;                     // sum of the members' local world sizes
 
   int num_nodes() const { return static_cast<int>(members.size()); }
-  const MemberAssignment* Find(const std::string& node_id) const;
+  const MemberAssignment* Find(const NodeId& node_id) const;
 };
 
 class Rendezvous {
@@ -72,8 +74,8 @@ class Rendezvous {
   // agent does not lose its place.
   bool Join(const NodeSpec& node, double now);
   // Removes a participant (lost or left). Returns false if it was not one.
-  bool Remove(const std::string& node_id);
-  bool Contains(const std::string& node_id) const;
+  bool Remove(const NodeId& node_id);
+  bool Contains(const NodeId& node_id) const;
   int size() const { return static_cast<int>(entries_.size()); }
 
   // The largest valid world from `n` nodes: min(n, MAX) rounded down to a
@@ -94,7 +96,7 @@ class Rendezvous {
   // The world formed from the participants named in `candidates` only (e.g.
   // the current members, for a restart in place); every other participant is
   // surplus. nullopt when the candidates are below MIN.
-  std::optional<World> FormFrom(const std::vector<std::string>& candidates) const;
+  std::optional<World> FormFrom(const std::vector<NodeId>& candidates) const;
 
   // Participants in rank order.
   std::vector<NodeSpec> Ordered() const;

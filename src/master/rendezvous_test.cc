@@ -12,13 +12,19 @@ namespace {
 using ::testing::ElementsAre;
 
 NodeSpec Node(const std::string& id, int hint = -1, int lws = 1) {
-  return NodeSpec{id, hint, lws, id + ".host"};
+  return NodeSpec{NodeId(id), hint, lws, id + ".host"};
 }
 
 std::vector<std::string> MemberIds(const World& w) {
   std::vector<std::string> ids;
-  for (const auto& m : w.members) ids.push_back(m.node_id);
+  for (const auto& m : w.members) ids.push_back(m.node_id.str());
   return ids;
+}
+
+std::vector<std::string> Ids(const std::vector<NodeId>& ids) {
+  std::vector<std::string> out;
+  for (const auto& id : ids) out.push_back(id.str());
+  return out;
 }
 
 TEST(Rendezvous, CompletesAtMaxNodesImmediately) {
@@ -68,8 +74,8 @@ TEST(Rendezvous, TenNodesMinEightMaxTwelveUnitFourFormsEightWithTwoWaiting) {
   auto w = r.Form();
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->num_nodes(), 8);
-  EXPECT_THAT(w->surplus, ElementsAre("n8", "n9"));
-  EXPECT_EQ(w->members[7].node_id, "n7");
+  EXPECT_THAT(Ids(w->surplus), ElementsAre("n8", "n9"));
+  EXPECT_EQ(w->members[7].node_id, "n7"_node);
 }
 
 TEST(Rendezvous, RoundingBelowMinKeepsWaiting) {
@@ -91,7 +97,7 @@ TEST(Rendezvous, CapsAtMaxWithSurplus) {
   EXPECT_TRUE(r.Ready(0));
   auto w = r.Form();
   EXPECT_THAT(MemberIds(*w), ElementsAre("a", "b"));
-  EXPECT_THAT(w->surplus, ElementsAre("c"));
+  EXPECT_THAT(Ids(w->surplus), ElementsAre("c"));
 }
 
 TEST(Rendezvous, RanksHonourHintsThenJoinOrderWithPrefixSumOffsets) {
@@ -140,7 +146,7 @@ TEST(Rendezvous, SurplusChoosesFirstInRankOrder) {
   r.Join(Node("c", 0), 0);  // a hint beats join order
   auto w = r.Form();
   EXPECT_THAT(MemberIds(*w), ElementsAre("c", "a"));
-  EXPECT_THAT(w->surplus, ElementsAre("b"));
+  EXPECT_THAT(Ids(w->surplus), ElementsAre("b"));
 }
 
 TEST(Rendezvous, RejoinKeepsPlaceAndUpdatesInfo) {
@@ -159,9 +165,9 @@ TEST(Rendezvous, RemoveDropsParticipant) {
   Rendezvous r({2, 3, 1, 0.0});
   r.Join(Node("a"), 0);
   r.Join(Node("b"), 0);
-  EXPECT_TRUE(r.Remove("a"));
-  EXPECT_FALSE(r.Remove("a"));
-  EXPECT_FALSE(r.Contains("a"));
+  EXPECT_TRUE(r.Remove("a"_node));
+  EXPECT_FALSE(r.Remove("a"_node));
+  EXPECT_FALSE(r.Contains("a"_node));
   EXPECT_EQ(r.UsableNodes(), 0);
 }
 
@@ -170,11 +176,11 @@ TEST(Rendezvous, FormFromRestrictsMembersToCandidates) {
   r.Join(Node("a"), 0);
   r.Join(Node("b"), 0);
   r.Join(Node("c", 0), 0);
-  auto w = r.FormFrom({"a", "b"});
+  auto w = r.FormFrom({"a"_node, "b"_node});
   ASSERT_TRUE(w.has_value());
   EXPECT_THAT(MemberIds(*w), ElementsAre("a", "b"));
-  EXPECT_THAT(w->surplus, ElementsAre("c"));
-  EXPECT_FALSE(r.FormFrom({"a"}).has_value());  // below min
+  EXPECT_THAT(Ids(w->surplus), ElementsAre("c"));
+  EXPECT_FALSE(r.FormFrom({"a"_node}).has_value());  // below min
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ std::string NodeStateText(master::NodeState table_state, bool excluded, bool che
 void AddNode(const NodeRecord& rec, const std::string& state, double now, double step_time_s, bool straggler,
              v1::JobStatus* st) {
   v1::NodeStatus* ns = st->add_nodes();
-  ns->set_node_id(rec.spec.node_id);
+  ns->set_node_id(rec.spec.node_id.str());
   ns->set_host(rec.spec.host);
   ns->set_state(state);
   ns->set_group_rank(rec.group_rank);

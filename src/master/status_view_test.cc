@@ -15,7 +15,7 @@ TEST(StatusView, NodeStateTextPrefersExcludedThenCheckingThenSpare) {
 
 TEST(StatusView, AddNodeKeepsARestoredNodesHeartbeatAgeAtZero) {
   NodeRecord rec;
-  rec.spec.node_id = "n1";
+  rec.spec.node_id = "n1"_node;
   rec.spec.host = "h1";
   rec.group_rank = 2;
   rec.last_heartbeat = 15;  // restored: ahead of now

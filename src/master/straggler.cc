@@ -5,7 +5,7 @@
 
 namespace ballast::master {
 
-double MedianStepTime(const std::map<std::string, double>& step_times) {
+double MedianStepTime(const std::map<NodeId, double>& step_times) {
   std::vector<double> v;
   for (const auto& [node, t] : step_times)
     if (t > 0) v.push_back(t);
@@ -15,8 +15,8 @@ double MedianStepTime(const std::map<std::string, double>& step_times) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-std::set<std::string> FindStragglers(const std::map<std::string, double>& step_times, double factor) {
-  std::set<std::string> out;
+std::set<NodeId> FindStragglers(const std::map<NodeId, double>& step_times, double factor) {
+  std::set<NodeId> out;
   if (factor <= 0) return out;
   size_t reporting = std::count_if(step_times.begin(), step_times.end(), [](const auto& kv) { return kv.second > 0; });
   if (reporting < 2) return out;

@@ -8,15 +8,17 @@
 #include <set>
 #include <string>
 
+#include "common/ids.h"
+
 namespace ballast::master {
 
 // The median of the positive values (the mean of the two middle ones for an
 // even count); 0 when there is none.
-double MedianStepTime(const std::map<std::string, double>& step_times);
+double MedianStepTime(const std::map<NodeId, double>& step_times);
 
 // The nodes whose step time exceeds factor x the median of the positive step
 // times. Empty with fewer than 2 positive step times (one node has nothing to
 // be compared with) or factor <= 0.
-std::set<std::string> FindStragglers(const std::map<std::string, double>& step_times, double factor);
+std::set<NodeId> FindStragglers(const std::map<NodeId, double>& step_times, double factor);
 
 }  // namespace ballast::master
