@@ -1,5 +1,7 @@
-// ballast launch: the local backend. Runs a whole job on this machine: an
-// in-process master and N agents (`ballast run`), each agent one "node". When
+// ballast launch: the local backend. Runs a whole job on this machine: a
+// master (in this process, or with --journal in a child process restarted
+// from its journal when it dies: cli/master_process.h) and N agents
+// (`ballast run`), each agent one "node". When
 // an agent dies (or the master loses or excludes it), NodeManager starts a
 // replacement agent for its node rank (what relaunching a pod is on
 // Kubernetes), up to --max-replacements, so a crash loop cannot spin forever.
@@ -48,9 +50,9 @@ int LaunchCommand(const Args& args) {
   mopts.bind_host = "127.0.0.1";
   mopts.advertise_host = "127.0.0.1";
   int rc = 0;
-  std::unique_ptr<master::MasterServer> server = StartJobMaster("launch", mopts, &rc);
+  std::unique_ptr<DrivenMaster> server = StartJobMaster("launch", f, mopts, &rc);
   if (server == nullptr) return rc;
-  master::MasterServer& m = *server;
+  DrivenMaster& m = *server;
   spdlog::info("job {}: master on {}; starting {} agent(s) (nodes {}, {} worker(s) each); status: "
                "BALLAST_TOKEN={} ballast status --master {}",
                m.job_id(), m.address(), start_nodes, f.nodes, f.nproc_per_node, m.token(), m.address());

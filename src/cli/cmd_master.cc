@@ -1,6 +1,7 @@
 // ballast master: one job master that agents on several hosts join with
 // `ballast run --rdzv-endpoint HOST:PORT --token T ...`.
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -129,6 +130,16 @@ int MasterCommand(const Args& args) {
                "are excluded and must be replaced");
   app.add_flag("--exclude-stragglers,--exclude_stragglers", opts.exclude_stragglers,
                "With --network-check: also exclude nodes slower than 2x the median");
+  // Set by `ballast launch|slurm --journal`, whose master runs in a child
+  // process: the nodes its backend starts at once (MAX + spares).
+  app.add_option("--expected-nodes", opts.expected_nodes, "Nodes started at once (the first round waits for them)")
+      ->check(CLI::NonNegativeNumber)
+      ->group("");
+  // Also theirs: after the job ends, keep serving (its status, JobFinished to
+  // late agents) until SIGTERM, so the driver reads the outcome before any
+  // agent's exit can look like a lost node; then exit by the outcome.
+  bool serve_until_stopped = false;
+  app.add_flag("--serve-until-stopped", serve_until_stopped, "After the job ends, serve until SIGTERM")->group("");
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
   if (!k8s.job_name.empty()) {
     // The job's spec holds the settings: flags that would contradict it are refused.
@@ -200,6 +211,9 @@ int MasterCommand(const Args& args) {
     spdlog::warn("master stopped by {} before the job finished; agents will lose their master", sig);
     m.Shutdown(0);
     return 128 + sig;
+  }
+  if (serve_until_stopped) {
+    while (g_signal.load() == 0) usleep(20000);
   }
   m.Shutdown(Tunables::Get().finish_linger_s);
   if (result->succeeded) {

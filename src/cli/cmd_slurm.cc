@@ -137,9 +137,9 @@ int SlurmCommand(const Args& args) {
   mopts.job_id = absl::StrCat("slurm-", alloc->job_id);
   mopts.expected_nodes = needed;  // the spares join the first round's rendezvous (and check)
   int rc = 0;
-  std::unique_ptr<master::MasterServer> server = StartJobMaster("slurm", mopts, &rc);
+  std::unique_ptr<DrivenMaster> server = StartJobMaster("slurm", f, mopts, &rc);
   if (server == nullptr) return rc;
-  master::MasterServer& m = *server;
+  DrivenMaster& m = *server;
   spdlog::info("job {}: master on {} ({}); {} agent step(s): nodes {} + {} spare(s), {} worker(s) each; status: "
                "BALLAST_TOKEN={} ballast status --master {}",
                m.job_id(), m.address(), alloc->Describe(), needed, f.nodes, spares, f.nproc_per_node, m.token(),

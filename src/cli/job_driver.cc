@@ -37,6 +37,10 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
                               "name an incarnation): ",
                               ChaosKindsHelp()));
   app.add_option("--token", f->token, "Job token (default: $BALLAST_TOKEN, else random)");
+  app.add_option("--journal", f->journal,
+                 "Run the job's master in a child process with its journal in this directory: a master that dies "
+                 "is restarted from the journal and the agents keep training (default: the master runs in this "
+                 "process, without a journal)");
   f->tls.Add(app, /*server=*/true);
   app.add_option("--python", f->python, "Interpreter for the workers")->capture_default_str();
   app.add_flag("-m,--module", f->module, "Run the script as a Python module (python -m)");
@@ -110,8 +114,7 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   return argv;
 }
 
-scheduler::LocalCommand AgentCommand(const JobFlags& f, const master::MasterServer& m,
-                                     const scheduler::NodeRequest& r) {
+scheduler::LocalCommand AgentCommand(const JobFlags& f, const DrivenMaster& m, const scheduler::NodeRequest& r) {
   scheduler::LocalCommand cmd{AgentArgv(f, m.address(), r.node_rank), {{"BALLAST_TOKEN", m.token()}}};
   // Chaos faults hit the agent of a node rank whose incarnation they name
   // (the first by default): a replacement is a healthy node unless a fault
@@ -142,8 +145,22 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
   return mopts;
 }
 
-std::unique_ptr<master::MasterServer> StartJobMaster(const char* cmd, const master::MasterOptions& options,
-                                                     int* exit_code) {
+std::unique_ptr<DrivenMaster> StartJobMaster(const char* cmd, const JobFlags& f, const master::MasterOptions& options,
+                                             int* exit_code) {
+  if (!f.journal.empty()) {
+    MasterProcessOptions po;
+    po.master = options;
+    po.journal_dir = f.journal;
+    po.http_port_given = f.http.port != -2;
+    po.cmd = cmd;
+    auto p = MasterProcess::Start(std::move(po));
+    if (!p.ok()) {
+      std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(p.status().message()).c_str());
+      *exit_code = p.status().code() == absl::StatusCode::kInvalidArgument ? kUsageExit : 1;
+      return nullptr;
+    }
+    return std::move(*p);
+  }
   auto server = master::MasterServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(server.status().message()).c_str());
@@ -152,10 +169,10 @@ std::unique_ptr<master::MasterServer> StartJobMaster(const char* cmd, const mast
   }
   master::MasterServer& m = **server;
   if (m.http_port() > 0) spdlog::info("job {}: dashboard: {}", m.job_id(), m.dashboard_url());
-  return std::move(*server);
+  return std::make_unique<InProcessMaster>(std::move(*server));
 }
 
-int DriveJob(master::MasterServer& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
+int DriveJob(DrivenMaster& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
              const JobFlags& f, const std::atomic<int>& signal, const DriveOptions& o) {
   if (absl::Status st = nodes.Start(); !st.ok()) {
     std::fprintf(stderr, "ballast %s: %s\n", o.cmd, std::string(st.message()).c_str());
@@ -168,6 +185,10 @@ int DriveJob(master::MasterServer& m, scheduler::SchedulerInterface& sched, sche
   while (!result.has_value() && signal.load() == 0) {
     result = m.WaitForFinish(0.1);
     if (result.has_value()) break;
+    if (absl::Status s = m.Poll(nodes); !s.ok()) {
+      failure = std::string(s.message());
+      break;
+    }
     nodes.Poll(/*job_finished=*/false);
     if (o.each_turn) o.each_turn();
     if (nodes.Exhausted()) {

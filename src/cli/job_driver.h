@@ -17,6 +17,7 @@
 #include "cli/cli_util.h"
 #include "cli/http_flags.h"
 #include "cli/tls_flags.h"
+#include "cli/master_process.h"
 #include "master/master_server.h"
 #include "scheduler/local/local_scheduler.h"
 #include "scheduler/node_manager.h"
@@ -45,6 +46,7 @@ struct JobFlags {
   double hang_timeout_s = 0;
   int ckpt_replicas = 1;
   TlsFlags tls;
+  std::string journal;  // --journal DIR: the master in a child process (cli/master_process.h)
   std::vector<std::string> script_and_args;
 
   NodeRange range;  // --nodes, parsed by Check
@@ -61,17 +63,18 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f);
 std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_endpoint, int node_rank);
 // An agent's command and environment for a NodeManager request (token,
 // chaos spec and incarnation).
-scheduler::LocalCommand AgentCommand(const JobFlags& f, const master::MasterServer& m,
-                                     const scheduler::NodeRequest& r);
+scheduler::LocalCommand AgentCommand(const JobFlags& f, const DrivenMaster& m, const scheduler::NodeRequest& r);
 
 // The master's options for these flags (bind and advertise host are the
 // caller's), with its node callbacks forwarding to *node_manager.
 master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler::NodeManager*>* node_manager);
 
-// Starts the job's master; on an error prints it (naming `cmd`) and sets
-// *exit_code (2 for bad options). Logs the dashboard's address.
-std::unique_ptr<master::MasterServer> StartJobMaster(const char* cmd, const master::MasterOptions& options,
-                                                     int* exit_code);
+// Starts the job's master: in this process, or with --journal in a child
+// process restarted from its journal when it dies (MasterProcess). On an
+// error prints it (naming `cmd`) and sets *exit_code (2 for bad options).
+// Logs the dashboard's address.
+std::unique_ptr<DrivenMaster> StartJobMaster(const char* cmd, const JobFlags& f, const master::MasterOptions& options,
+                                             int* exit_code);
 
 struct DriveOptions {
   const char* cmd = "launch";  // for messages: "ballast launch: ..."
@@ -85,7 +88,7 @@ struct DriveOptions {
 // the job finished, every node is gone and the replacement budget used up, or
 // a signal came (*signal != 0); then lets the agents exit, stops the rest and
 // prints the summary. Returns the exit code.
-int DriveJob(master::MasterServer& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
+int DriveJob(DrivenMaster& m, scheduler::SchedulerInterface& sched, scheduler::NodeManager& nodes,
              const JobFlags& f, const std::atomic<int>& signal, const DriveOptions& o);
 
 }  // namespace ballast::cli

@@ -71,7 +71,7 @@ struct MasterHttpServer::Impl {
   }
 
   void Routes() {
-    server.Get("/", [this](const httplib::Request&, httplib::Response& res) {
+    server.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
     });

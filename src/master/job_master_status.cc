@@ -67,10 +67,11 @@ v1::JobStatus JobMaster::Status() const {
     const NodeId& id = rec.spec.node_id;
     const bool spare = state_ == JobState::kRunning && rec.state == NodeState::kWaiting && !IsMember(id);
     auto step_time = step_times.find(id);
-    status_view::AddNode(rec,
-                         status_view::NodeStateText(rec.state, precheck_.excluded.count(id) > 0, InRunningCheck(id),
-                                                    spare),
-                         now, step_time == step_times.end() ? 0 : step_time->second, stragglers.count(id) > 0, &st);
+    auto excluded = precheck_.excluded.find(id);
+    const bool is_excluded = excluded != precheck_.excluded.end();
+    status_view::AddNode(rec, status_view::NodeStateText(rec.state, is_excluded, InRunningCheck(id), spare),
+                         is_excluded ? excluded->second : rec.gone_reason, now,
+                         step_time == step_times.end() ? 0 : step_time->second, stragglers.count(id) > 0, &st);
   };
   // Members in rank order first, then the other alive nodes, then the gone.
   for (const auto& m : world_.members) {

@@ -17,12 +17,13 @@ std::string NodeStateText(master::NodeState table_state, bool excluded, bool che
   return std::string(NodeStateName(table_state));
 }
 
-void AddNode(const NodeRecord& rec, const std::string& state, double now, double step_time_s, bool straggler,
-             v1::JobStatus* st) {
+void AddNode(const NodeRecord& rec, const std::string& state, const std::string& reason, double now,
+             double step_time_s, bool straggler, v1::JobStatus* st) {
   v1::NodeStatus* ns = st->add_nodes();
   ns->set_node_id(rec.spec.node_id.str());
   ns->set_host(rec.spec.host);
   ns->set_state(state);
+  ns->set_reason(reason);
   ns->set_group_rank(rec.group_rank);
   ns->set_local_world_size(rec.spec.local_world_size);
   ns->set_last_heartbeat_age_s(std::max(0.0, now - rec.last_heartbeat));  // restored nodes: ahead

@@ -160,7 +160,10 @@ void NodeManager::Poll(bool job_finished) {
       case NodeEvent::Kind::kStarted:
         break;
       case NodeEvent::Kind::kExited:
-        Gone(e.name, absl::StrCat("its agent exited: ", e.status.Describe()), /*still_running=*/false, job_finished);
+        // An agent exits 0 only when its job succeeded (JobFinished): it is
+        // done, not gone, even before the driver has heard of the end.
+        Gone(e.name, absl::StrCat("its agent exited: ", e.status.Describe()), /*still_running=*/false,
+             job_finished || e.status.ok());
         break;
       case NodeEvent::Kind::kLost:
         Gone(e.name, e.reason, /*still_running=*/true, job_finished);

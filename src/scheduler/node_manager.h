@@ -8,7 +8,8 @@
 // away from every host where a node was excluded, as long as the replacement
 // budget lasts; a node the master lost while its agent still runs is released
 // first (no two agents of one rank). Once the job finished nothing is
-// replaced. Nodes pending past the backend's timeout are reported, and kept:
+// replaced, nor is a node whose agent exited 0 (an agent does that only when
+// the job succeeded). Nodes pending past the backend's timeout are reported, and kept:
 // the job goes on with the nodes it has (the master scales down to >= MIN) and
 // the late node joins when it starts (scale up).
 //

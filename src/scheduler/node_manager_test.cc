@@ -165,6 +165,16 @@ TEST(NodeManager, NothingIsReplacedOnceTheJobFinished) {
   EXPECT_TRUE(h.manager->Exhausted());
 }
 
+TEST(NodeManager, AnAgentThatExitedZeroIsDoneNotReplacedEvenBeforeTheEndIsHeard) {
+  Harness h(2, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.sched.Exit("node-0", 0);  // the job succeeded; the driver has not seen it yet
+  h.sched.Exit("node-1", 1);  // a failure is still replaced
+  h.manager->Poll(false);
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-1-2"));
+  EXPECT_EQ(h.manager->replacements(), 1);
+}
+
 TEST(NodeManager, UnknownAndStaleNamesChangeNothing) {
   Harness h(1, 5);
   ASSERT_TRUE(h.manager->Start().ok());

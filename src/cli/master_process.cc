@@ -1,0 +1,241 @@
+#include "cli/master_process.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "common/tls.h"
+#include "spdlog/spdlog.h"
+
+namespace ballast::cli {
+namespace {
+
+// A master that keeps dying is not restarted forever (as `ballast master`'s
+// own supervisor).
+constexpr int kMaxQuickRestarts = 5;
+constexpr double kQuickRestartWindowS = 60;
+
+bool Final(const std::string& state) { return state == "succeeded" || state == "failed"; }
+
+}  // namespace
+
+MasterProcess::MasterProcess(MasterProcessOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<MasterProcess>> MasterProcess::Start(MasterProcessOptions options) {
+  if (options.journal_dir.empty()) return absl::InvalidArgumentError("MasterProcess needs a journal directory");
+  master::MasterOptions& m = options.master;
+  if (m.token.empty()) return absl::InvalidArgumentError("MasterProcess needs the job token");
+  if (m.port == 0) {
+    // Every incarnation serves the same port: the agents reconnect there.
+    absl::StatusOr<int> port = PickFreePort(m.bind_host);
+    if (!port.ok()) return port.status();
+    m.port = *port;
+  }
+  std::unique_ptr<MasterProcess> p(new MasterProcess(std::move(options)));
+  const master::MasterOptions& mo = p->options_.master;
+  p->job_id_ = mo.job_id;
+  p->address_ = Endpoint{mo.advertise_host, mo.port}.ToString();
+  auto credentials = MasterChannelCredentials(mo.tls);
+  if (!credentials.ok()) return credentials.status();
+  p->stub_ = v1::Master::NewStub(MasterChannel(p->address_, *credentials));
+  RETURN_IF_ERROR(p->Spawn());
+  RETURN_IF_ERROR(p->WaitReady());
+  return p;
+}
+
+MasterProcess::~MasterProcess() { Shutdown(0); }
+
+std::vector<std::string> MasterProcess::Argv() const {
+  const master::MasterOptions& m = options_.master;
+  std::vector<std::string> argv = {SelfExePath(),
+                                   "master",
+                                   "--journal",
+                                   options_.journal_dir,
+                                   "--no-supervise",
+                                   "--serve-until-stopped",
+                                   "--nnodes",
+                                   absl::StrCat(m.min_nodes, ":", m.max_nodes),
+                                   "--host",
+                                   m.bind_host,
+                                   "--port",
+                                   std::to_string(m.port),
+                                   "--advertise-host",
+                                   m.advertise_host,
+                                   "--node-unit",
+                                   std::to_string(m.node_unit),
+                                   "--max-restarts",
+                                   std::to_string(m.max_restarts),
+                                   "--expected-nodes",
+                                   std::to_string(m.expected_nodes)};
+  // The job id: the one asked for, else (after the first start) the one the
+  // journal's job has.
+  if (!job_id_.empty()) argv.insert(argv.end(), {"--job-id", job_id_});
+  if (m.precheck) argv.push_back("--network-check");
+  if (m.exclude_stragglers) argv.push_back("--exclude-stragglers");
+  if (options_.http_port_given) argv.insert(argv.end(), {"--http-port", std::to_string(m.http_port)});
+  if (m.metrics_public) argv.push_back("--metrics-public");
+  if (!m.tls.cert.empty()) argv.insert(argv.end(), {"--tls-cert", m.tls.cert, "--tls-key", m.tls.key});
+  if (!m.tls.ca.empty()) argv.insert(argv.end(), {"--tls-ca", m.tls.ca});
+  return argv;
+}
+
+absl::Status MasterProcess::Spawn() {
+  SpawnOptions so;
+  so.argv = Argv();
+  so.env = CurrentEnvironment();
+  so.env["BALLAST_TOKEN"] = options_.master.token;  // not on the command line (ps shows it)
+  absl::StatusOr<Subprocess> child = Subprocess::Spawn(so);
+  if (!child.ok()) {
+    return absl::Status(child.status().code(),
+                        absl::StrCat("cannot start the master process: ", child.status().message()));
+  }
+  child_ = std::make_unique<Subprocess>(*std::move(child));
+  exited_.reset();
+  ++incarnations_;
+  spdlog::info("{}: master process pid {} (incarnation {}) on {}, journal {}", options_.cmd, child_->pid(),
+               incarnations_, address_, options_.journal_dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobStatus> MasterProcess::Fetch(double timeout_s) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, options_.master.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          std::chrono::duration<double>(timeout_s)));
+  v1::StatusRequest req;
+  v1::JobStatus st;
+  grpc::Status s = stub_->GetStatus(&ctx, req, &st);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return st;
+}
+
+absl::Status MasterProcess::WaitReady() {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                               std::chrono::duration<double>(options_.ready_timeout_s));
+  absl::Status last = absl::DeadlineExceededError("no answer");
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::optional<ExitStatus> st = child_->Poll(); st.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("the master process exited (", st->Describe(),
+                                                        ") before it served the job; see its error above"));
+    }
+    absl::StatusOr<v1::JobStatus> s = Fetch(0.5);
+    if (s.ok()) {
+      if (job_id_.empty()) job_id_ = s->job_id();
+      last_ = *std::move(s);
+      return absl::OkStatus();
+    }
+    last = s.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("the master process did not answer on ", address_, " within ",
+                                                  options_.ready_timeout_s, " s: ", last.message()));
+}
+
+absl::Status MasterProcess::CheckChild() {
+  if (child_ == nullptr || exited_.has_value()) return absl::OkStatus();
+  std::optional<ExitStatus> st = child_->Poll();
+  if (!st.has_value()) return absl::OkStatus();
+  if (st->signal == 0 || shut_down_) {
+    exited_ = *st;  // it decided the job (its last status says how), or it was stopped
+    return absl::OkStatus();
+  }
+  const auto now = std::chrono::steady_clock::now();
+  while (!restarts_.empty() &&
+         std::chrono::duration<double>(now - restarts_.front()).count() > kQuickRestartWindowS) {
+    restarts_.pop_front();
+  }
+  if (static_cast<int>(restarts_.size()) >= kMaxQuickRestarts) {
+    exited_ = *st;
+    return absl::UnavailableError(absl::StrCat("the master process died of ", st->Describe(), " again: ",
+                                               kMaxQuickRestarts, " restarts within ", kQuickRestartWindowS,
+                                               " s; see its log above (the journal ", options_.journal_dir,
+                                               " keeps the job: `ballast master --journal ", options_.journal_dir,
+                                               "` resumes it)"));
+  }
+  restarts_.push_back(now);
+  spdlog::warn("{}: the master process (pid {}) died of {}; restarting it from the journal {} (its agents keep "
+               "training and reconnect)",
+               options_.cmd, child_->pid(), st->Describe(), options_.journal_dir);
+  RETURN_IF_ERROR(Spawn());
+  return WaitReady();
+}
+
+absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
+  RETURN_IF_ERROR(CheckChild());
+  if (exited_.has_value()) return absl::OkStatus();
+  absl::StatusOr<v1::JobStatus> st = Fetch(2.0);
+  if (!st.ok()) return absl::OkStatus();  // dying or restarting: the next turn sees it
+  last_ = *st;
+  // What the in-process master's callbacks would have said: nodes that
+  // turned dead, left or excluded since the last turn.
+  for (const v1::NodeStatus& n : last_->nodes()) {
+    const std::string& state = n.state();
+    const bool lost = state == "dead" || state == "left";
+    const bool excluded = state == "excluded";
+    if (!lost && !excluded) {
+      reported_.erase(n.node_id());  // alive again (re-joined)
+      continue;
+    }
+    auto [it, fresh] = reported_.emplace(n.node_id(), state);
+    if (!fresh && it->second == state) continue;
+    it->second = state;
+    const std::string reason = n.reason().empty() ? state : n.reason();
+    if (excluded) {
+      nodes.OnNodeExcluded(n.node_id(), reason);
+    } else {
+      nodes.OnNodeLost(n.node_id(), reason);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<master::JobResult> MasterProcess::ResultOf(const v1::JobStatus& st) {
+  if (!Final(st.state())) return std::nullopt;
+  return master::JobResult{st.state() == "succeeded", st.message(), st.restart_count()};
+}
+
+std::optional<master::JobResult> MasterProcess::WaitForFinish(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                               std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  while (true) {
+    if (last_.has_value()) {
+      if (auto r = ResultOf(*last_); r.has_value()) return r;
+    }
+    if (exited_.has_value()) {
+      // It exited without a final status seen: its exit code says how.
+      return master::JobResult{exited_->ok(),
+                               absl::StrCat("the master process exited (", exited_->Describe(),
+                                            ") before the job's end was seen; see its log above"),
+                               last_.has_value() ? last_->restart_count() : 0};
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (absl::StatusOr<v1::JobStatus> st = Fetch(0.5); st.ok()) last_ = *std::move(st);
+    if (absl::Status c = CheckChild(); !c.ok()) spdlog::error("{}: {}", options_.cmd, std::string(c.message()));
+  }
+}
+
+v1::JobStatus MasterProcess::Status() {
+  if (!exited_.has_value()) {
+    if (absl::StatusOr<v1::JobStatus> st = Fetch(2.0); st.ok()) last_ = *std::move(st);
+  }
+  return last_.value_or(v1::JobStatus());
+}
+
+void MasterProcess::Shutdown(double linger_s) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (child_ == nullptr || !child_->running()) return;
+  // It serves until told to stop (--serve-until-stopped); a finished job's
+  // master then lingers up to its own finish linger for the last agents.
+  child_->Signal(SIGTERM);
+  if (!child_->Wait(std::max(0.0, linger_s) + 5).has_value()) child_->Terminate(0);
+}
+
+}  // namespace ballast::cli

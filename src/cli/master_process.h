@@ -1,0 +1,124 @@
+// The job's master as `ballast launch` and `ballast slurm` drive it
+// (DrivenMaster): in their own process (InProcessMaster, the default), or in a
+// child process with a journal (MasterProcess, --journal DIR) that is
+// restarted from the journal when it dies, so a master crash is not the
+// job's: agents reconnect to the restarted master on the same address and
+// keep training, and the driver (node manager, scheduler backend, the
+// agents' parent) never stops.
+//
+// A MasterProcess is `ballast master --journal DIR --no-supervise` with the
+// job's settings on a fixed port. The driver learns what the in-process
+// master would tell it by callback from the master's status (GetStatus, each
+// loop turn): nodes that turned dead or left (lost) or excluded, with the
+// reason. A master that dies of a signal is restarted at most 5 times a
+// minute; one that exits decided the job (its last status says how).
+//
+// Threading: one thread (the driver's loop) calls everything.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ballast/v1/master.grpc.pb.h"
+#include "ballast/v1/master.pb.h"
+#include "common/subprocess.h"
+#include "master/master_server.h"
+#include "scheduler/node_manager.h"
+
+namespace ballast::cli {
+
+class DrivenMaster {
+ public:
+  virtual ~DrivenMaster() = default;
+  virtual const std::string& job_id() const = 0;
+  virtual std::string address() const = 0;  // what agents dial
+  virtual const std::string& token() const = 0;
+  // The outcome once the job finished, waiting up to timeout_s for it.
+  virtual std::optional<master::JobResult> WaitForFinish(double timeout_s) = 0;
+  virtual v1::JobStatus Status() = 0;
+  // Stops the master, after up to linger_s for the agents to hear the end.
+  virtual void Shutdown(double linger_s) = 0;
+  // Once per loop turn: a master process that died is restarted, and the
+  // nodes it lost or excluded since the last turn go to `nodes` (an
+  // in-process master tells the node manager itself). Non-OK when the master
+  // cannot go on: the job ends with that error.
+  virtual absl::Status Poll(scheduler::NodeManager& nodes) { return absl::OkStatus(); }
+};
+
+// The master in this process (master_server.h).
+class InProcessMaster : public DrivenMaster {
+ public:
+  explicit InProcessMaster(std::unique_ptr<master::MasterServer> server) : server_(std::move(server)) {}
+  const std::string& job_id() const override { return server_->job_id(); }
+  std::string address() const override { return server_->address(); }
+  const std::string& token() const override { return server_->token(); }
+  std::optional<master::JobResult> WaitForFinish(double timeout_s) override {
+    return server_->WaitForFinish(timeout_s);
+  }
+  v1::JobStatus Status() override { return server_->Status(); }
+  void Shutdown(double linger_s) override { server_->Shutdown(linger_s); }
+  master::MasterServer& server() { return *server_; }
+
+ private:
+  std::unique_ptr<master::MasterServer> server_;
+};
+
+struct MasterProcessOptions {
+  // The job's settings (callbacks unused: the driver polls). A port of 0 is
+  // picked here: every incarnation serves the same one.
+  master::MasterOptions master;
+  std::string journal_dir;  // required
+  bool http_port_given = false;  // else beside the gRPC port, as `ballast master` does
+  const char* cmd = "launch";    // for messages
+  double ready_timeout_s = 30;   // for the master to answer after a start
+};
+
+class MasterProcess : public DrivenMaster {
+ public:
+  static absl::StatusOr<std::unique_ptr<MasterProcess>> Start(MasterProcessOptions options);
+  ~MasterProcess() override;  // Shutdown(0)
+
+  const std::string& job_id() const override { return job_id_; }
+  std::string address() const override { return address_; }
+  const std::string& token() const override { return options_.master.token; }
+  std::optional<master::JobResult> WaitForFinish(double timeout_s) override;
+  v1::JobStatus Status() override;
+  void Shutdown(double linger_s) override;
+  absl::Status Poll(scheduler::NodeManager& nodes) override;
+
+  // Incarnations started so far (1 + restarts).
+  int incarnations() const { return incarnations_; }
+  pid_t pid() const { return child_ ? child_->pid() : -1; }
+
+ private:
+  explicit MasterProcess(MasterProcessOptions options);
+  std::vector<std::string> Argv() const;
+  absl::Status Spawn();
+  // Waits for the master to answer GetStatus (or to exit).
+  absl::Status WaitReady();
+  absl::StatusOr<v1::JobStatus> Fetch(double timeout_s);
+  // A dead master is restarted (a signal), or its exit is taken as the end.
+  absl::Status CheckChild();
+  static std::optional<master::JobResult> ResultOf(const v1::JobStatus& st);
+
+  const MasterProcessOptions options_;
+  std::string job_id_;
+  std::string address_;
+  std::unique_ptr<Subprocess> child_;
+  std::optional<ExitStatus> exited_;  // the last incarnation exited by itself
+  int incarnations_ = 0;
+  std::deque<std::chrono::steady_clock::time_point> restarts_;
+  std::unique_ptr<v1::Master::Stub> stub_;
+  std::optional<v1::JobStatus> last_;
+  std::map<std::string, std::string> reported_;  // node id -> the state it was reported in
+  bool shut_down_ = false;
+};
+
+}  // namespace ballast::cli
