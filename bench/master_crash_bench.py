@@ -7,7 +7,10 @@ each kill it prints the master's downtime (kill -> listening again), the
 agents' reconnect (listening -> both nodes re-joined) and the steps the
 workers made while the master was away; then both jobs' wall times.
 
-  /usr/bin/python3 bench/master_crash_bench.py [--kills 3] [--steps 150]
+With --launcher launch the same job runs under `ballast launch --journal`
+(the launcher restarts its master process; the agents are its children).
+
+  /usr/bin/python3 bench/master_crash_bench.py [--kills 3] [--steps 150] [--launcher master|launch]
 """
 import argparse
 import os
@@ -41,25 +44,35 @@ def log_time(line):
     return datetime.strptime(m.group(1), "%H:%M:%S.%f") if m else None
 
 
-def run(steps, kills, step_time):
+def run(steps, kills, step_time, launcher):
     tmp = tempfile.mkdtemp(prefix="ballast-mcbench-")
     port = free_port()
     env = {**os.environ, "BALLAST_TOKEN": "bench", "OMP_NUM_THREADS": "1"}
     out, ckpt = os.path.join(tmp, "out"), os.path.join(tmp, "ckpt")
     os.makedirs(out)
     mlog = open(os.path.join(tmp, "master.log"), "w")
-    master = subprocess.Popen([BIN, "master", "--nnodes", "2", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
-                               "--port", str(port), "--journal", os.path.join(tmp, "journal"), "--job-id", "bench",
-                               "--http-port", "-1"], stdout=mlog, stderr=subprocess.STDOUT, env=env,
-                              start_new_session=True)
+    train = [TRAIN, "--out", out, "--ckpt-dir", ckpt, "--ckpt", "ballast", "--steps", str(steps), "--step-time",
+             str(step_time), "--state-mb", "8", "--persist-every", "2"]
     t0 = time.time()
-    agents = [subprocess.Popen([BIN, "run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "2",
-                                "--nproc-per-node", "1", "--node-rank", str(r), "--local-addr", "127.0.0.1",
-                                "--python", PYTHON, TRAIN, "--out", out, "--ckpt-dir", ckpt, "--ckpt", "ballast",
-                                "--steps", str(steps), "--step-time", str(step_time), "--state-mb", "8",
-                                "--persist-every", "2"],
-                               stdout=open(os.path.join(tmp, f"agent{r}.log"), "w"), stderr=subprocess.STDOUT,
-                               env=env, start_new_session=True) for r in (0, 1)]
+    if launcher == "launch":
+        # One process tree: the launcher, its master process and its agents.
+        master = subprocess.Popen([BIN, "launch", "--nodes", "2", "--nproc-per-node", "1", "--port", str(port),
+                                   "--journal", os.path.join(tmp, "journal"), "--http-port", "-1", "--python",
+                                   PYTHON, *train], stdout=mlog, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
+        agents = []
+        pid_pattern = r"master process pid (\d+) \(incarnation"
+    else:
+        master = subprocess.Popen([BIN, "master", "--nnodes", "2", "--host", "127.0.0.1", "--advertise-host",
+                                   "127.0.0.1", "--port", str(port), "--journal", os.path.join(tmp, "journal"),
+                                   "--job-id", "bench", "--http-port", "-1"], stdout=mlog, stderr=subprocess.STDOUT,
+                                  env=env, start_new_session=True)
+        agents = [subprocess.Popen([BIN, "run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "2",
+                                    "--nproc-per-node", "1", "--node-rank", str(r), "--local-addr", "127.0.0.1",
+                                    "--python", PYTHON, *train],
+                                   stdout=open(os.path.join(tmp, f"agent{r}.log"), "w"), stderr=subprocess.STDOUT,
+                                   env=env, start_new_session=True) for r in (0, 1)]
+        pid_pattern = r"master process pid (\d+) started"
 
     def steps_done():
         return max([e["step"] for e in read_events(out, 0) if e["event"] == "step"], default=0)
@@ -73,7 +86,7 @@ def run(steps, kills, step_time):
         mark = (k + 1) * steps // (kills + 1)
         while steps_done() < mark:
             time.sleep(0.05)
-        pid = int(re.findall(r"master process pid (\d+) started", mlog_text())[-1])
+        pid = int(re.findall(pid_pattern, mlog_text())[-1])
         before = steps_done()
         killed_at = datetime.now()
         os.kill(pid, signal.SIGKILL)
@@ -108,9 +121,11 @@ def main():
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--step-time", type=float, default=0.1)
+    p.add_argument("--launcher", choices=["master", "launch"], default="master",
+                   help="ballast master --journal + 2 agents, or ballast launch --journal")
     a = p.parse_args()
-    base, ok0, starts0, _ = run(a.steps, 0, a.step_time)
-    wall, ok, starts, results = run(a.steps, a.kills, a.step_time)
+    base, ok0, starts0, _ = run(a.steps, 0, a.step_time, a.launcher)
+    wall, ok, starts, results = run(a.steps, a.kills, a.step_time, a.launcher)
     for i, (killed, listening, rejoined, steps) in enumerate(results, 1):
         down = (listening - killed).total_seconds()
         reconnect = (rejoined - listening).total_seconds()

@@ -16,9 +16,9 @@ TARGETS=(parser_fuzz master_journal_fuzz ckpt_reader_fuzz)
 SEEDS="$FUZZ_DIR/seeds"
 rm -rf "$SEEDS"
 echo "fuzz: writing seeds from the replay tests"
-BALLAST_FUZZ_SEEDS="$SEEDS" "$BUILD_DIR/bin/parser_fuzz_test" --gtest_filter='*FuzzEntryPoint*' >/dev/null
-BALLAST_FUZZ_SEEDS="$SEEDS" "$BUILD_DIR/bin/master_journal_fuzz_replay_test" >/dev/null
-BALLAST_FUZZ_SEEDS="$SEEDS" "$BUILD_DIR/bin/ckpt_reader_fuzz_replay_test" --gtest_filter='*ValidImageParses*' >/dev/null
+BALLAST_FUZZ_SEEDS="$SEEDS" "$BUILD_DIR/bin/parser_fuzz_test" --gtest_filter='*FuzzEntryPoint*' >/dev/null 2>&1
+BALLAST_FUZZ_SEEDS="$SEEDS" "$BUILD_DIR/bin/master_journal_fuzz_replay_test" >/dev/null 2>&1
+BALLAST_FUZZ_SEEDS="$SEEDS" "$BUILD_DIR/bin/ckpt_reader_fuzz_replay_test" --gtest_filter='*ValidImageParses*' >/dev/null 2>&1
 
 failed=()
 for t in "${TARGETS[@]}"; do

@@ -100,7 +100,7 @@ struct JobMasterOptions {
   double failure_settle_s = 0.0;
   // A hang report is held at least this long (with more than one member), so
   // the hang reports of other nodes arrive and the right rank is blamed
-  // (OrderHangReports).
+  // (FailureArbiter::OrderForBlame).
   double hang_settle_s = 0.0;
   // A member whose step time (progress reports) exceeds this factor times the
   // median over the round's reporting members is a straggler (Status()); <= 0: off.

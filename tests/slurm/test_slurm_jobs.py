@@ -160,6 +160,25 @@ class LostNodes(SlurmJobTest):
         self.assertGreater(last_round, 1, log)
         self.assertLess(time.time() - killed_at, 240)
 
+    def test_master_process_killed_is_restarted_from_its_journal_and_the_agents_train_on(self):
+        journal = os.path.join(self.dir, "journal")
+        self.submit(3, ["--nodes", "2", "--spares", "1", "--nproc-per-node", "1", "--journal", journal],
+                    self.train(40, 0.2))
+        self.wait_step(5, ranks=2)
+        pids = re.findall(r"master process pid (\d+) \(incarnation 1\)", self.job_log())
+        self.assertEqual(len(pids), 1, self.job_log())
+        os.kill(int(pids[0]), 9)  # the master crashes; the batch step (its driver) lives on
+        wait_for("the restarted master", lambda: "(incarnation 2)" in self.job_log(), 30)
+        self.assertEqual(self.wait_done(), "COMPLETED", self.job_log())
+        log = self.job_log()
+        self.assert_finished(40, world=2)
+        self.assertIn("restarting it from the journal", log)
+        self.assertIn("resumed the job from its journal", log)
+        # No worker restart, no agent started again: the agents kept training.
+        self.assertEqual(len(events(self.out, "start")), 2, log)
+        for node in ("n1", "n2", "n3"):
+            self.assertEqual(self.agent_starts(node), 1, log)
+
     def test_without_a_spare_the_job_scales_down_and_finishes(self):
         self.submit(3, ["--nodes", "2:3", "--nproc-per-node", "2"], self.train(30, 0.3))
         self.wait_step(4, ranks=6)
