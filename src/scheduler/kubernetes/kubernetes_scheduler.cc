@@ -75,6 +75,8 @@ absl::StatusOr<std::unique_ptr<KubernetesScheduler>> KubernetesScheduler::Start(
     s->AdoptPods();
   } else {
     RETURN_IF_ERROR(s->DeleteStalePods());
+    std::lock_guard<std::mutex> lock(s->mu_);
+    s->started_ = true;  // from now on a pod nobody asked for is a stray
   }
   return s;
 }
@@ -128,6 +130,7 @@ void KubernetesScheduler::AdoptPods() {
       st.host = kube::Str(pod, {"spec", "nodeName"});
       adopted_.push_back(AdoptedNode{name, rank, incarnation, st.host});
     }
+    started_ = true;  // from now on a pod nobody asked for is a stray
   }
   for (const kube::Json& pod : informer_->List()) OnPod("MODIFIED", pod);
   if (!adopted_.empty()) {
@@ -267,7 +270,23 @@ void KubernetesScheduler::OnPod(const std::string& type, const kube::Json& pod) 
   const std::string name = kube::Str(pod, {"metadata", "name"});
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pods_.find(name);
-  if (it == pods_.end()) return;  // not created by this master
+  if (it == pods_.end()) {
+    // A worker pod of this job that this scheduler neither created (LaunchNode
+    // records a pod before asking for it) nor took over: an earlier master's
+    // create that completed after that master died. Its agent would join as a
+    // node nobody manages: delete it.
+    if (started_ && type != "DELETED" && kube::Find(pod, {"metadata", "deletionTimestamp"}) == nullptr &&
+        stray_deleted_.insert(name).second) {
+      spdlog::warn("kubernetes: pod {}/{} of ElasticJob {} was created by an earlier master process; deleting it",
+                   options_.job.ns, name, options_.job.Describe());
+      Submit([this, name] {
+        auto r = options_.client->Delete(PodPath(options_.job, name), kube::Json{{"gracePeriodSeconds", 0}},
+                                         absl::StrCat("delete pod ", options_.job.ns, "/", name));
+        if (!r.ok() && !absl::IsNotFound(r.status())) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
+      });
+    }
+    return;
+  }
   Pod& st = it->second;
   if (std::string node = kube::Str(pod, {"spec", "nodeName"}); !node.empty()) st.host = node;
   if (type == "DELETED") {

@@ -23,7 +23,9 @@
 // Start() deletes worker pods of the job that an earlier master left behind
 // (their agents lost that master) and waits until they are gone; a master
 // that resumed its job from a journal (adopt) takes them over instead: their
-// agents reconnect to it and keep training (AdoptedNodes).
+// agents reconnect to it and keep training (AdoptedNodes). A worker pod that
+// shows up later without this scheduler having asked for it (an earlier
+// master's create that completed after that master died) is deleted.
 //
 // Threading: LaunchNode/ReleaseNode/Poll/StopAll from one thread; the
 // informer thread and the pool threads share state under mu_.
@@ -36,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +123,8 @@ class KubernetesScheduler : public SchedulerInterface {
   std::vector<NodeEvent> events_;
   absl::Status fatal_;
   std::vector<AdoptedNode> adopted_;  // set by Start(), then read-only
+  std::set<std::string> stray_deleted_;  // pods of an earlier master deleted by OnPod
+  bool started_ = false;  // Start() dealt with the pods it found
 
   // The API call pool.
   std::mutex pool_mu_;
