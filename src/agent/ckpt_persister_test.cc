@@ -204,50 +204,69 @@ TEST_F(AgentCkptPersisterTest, AFailingDiskIsRetriedAFewTimesThenTheStepIsGivenU
   EXPECT_TRUE(master_.reports.empty());
 }
 
+// One agent with one store, whose master is `reporter` (a slow one in these
+// tests), and the worker that saves into it.
+struct OneStoreAgent {
+  OneStoreAgent(const std::string& name, ShardReporter reporter) : dir(MakeTempDir(name)) {
+    CkptPersisterOptions o;
+    o.node_id = "node-s";
+    o.local_world_size = 1;
+    o.name_prefix = CkptStorePrefix(absl::StrCat(name, "-", dir), getpid());
+    o.retry_after_s = 0;
+    auto p = CkptPersister::Create(o, std::move(reporter));
+    if (!p.ok()) {
+      ADD_FAILURE() << p.status();
+      return;
+    }
+    persister = std::move(*p);
+    auto w = ckpt::SlotStore::Open(persister->store_name(0));
+    if (!w.ok()) {
+      ADD_FAILURE() << w.status();
+      return;
+    }
+    worker = std::move(*w);
+  }
+  ~OneStoreAgent() {
+    worker.reset();
+    persister.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  // What the Python Checkpointer does for save(step, persist=...): world of one.
+  void Save(uint64_t step, bool persist) {
+    std::vector<uint8_t> img = ImageForStep(step);
+    auto write = worker->BeginSave(step, img.size());
+    ASSERT_TRUE(write.ok());
+    std::memcpy(write->image(), img.data(), img.size());
+    ASSERT_TRUE(worker->Commit(&*write, img.size()).ok());
+    ASSERT_TRUE(worker->SetPersistConfig({dir, 0, 1, 3}).ok());
+    if (persist) worker->RequestPersist(step);
+  }
+  const std::string dir;
+  std::unique_ptr<CkptPersister> persister;
+  std::unique_ptr<ckpt::SlotStore> worker;
+};
+
 TEST(AgentCkptPersisterSlowMaster, ABreakpointSaveAtARestartDoesNotWaitForAReportInFlight) {
   // The master takes 1 s to answer a durable report; meanwhile the agent's
   // event loop pins its breakpoint save (a restart): that must not wait.
   std::atomic<bool> in_report{false};
-  ShardReporter slow = [&](const v1::ShardDurableReport&, double) -> absl::StatusOr<v1::ShardDurableResponse> {
+  OneStoreAgent a("slowmaster", [&](const v1::ShardDurableReport&, double) -> absl::StatusOr<v1::ShardDurableResponse> {
     in_report = true;
     std::this_thread::sleep_for(std::chrono::seconds(1));
     return v1::ShardDurableResponse();
-  };
-  const std::string dir = MakeTempDir("slowmaster");
-  CkptPersisterOptions o;
-  o.node_id = "node-s";
-  o.local_world_size = 1;
-  o.name_prefix = CkptStorePrefix(absl::StrCat("slow-", dir), getpid());
-  o.retry_after_s = 0;
-  auto p = CkptPersister::Create(o, slow);
-  ASSERT_TRUE(p.ok()) << p.status();
-  auto w = ckpt::SlotStore::Open((*p)->store_name(0));
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto save = [&](uint64_t step, bool persist) {
-    std::vector<uint8_t> img = ImageForStep(step);
-    auto write = (*w)->BeginSave(step, img.size());
-    ASSERT_TRUE(write.ok());
-    std::memcpy(write->image(), img.data(), img.size());
-    ASSERT_TRUE((*w)->Commit(&*write, img.size()).ok());
-    if (persist) {
-      ASSERT_TRUE((*w)->SetPersistConfig({dir, 0, 1, 3}).ok());
-      (*w)->RequestPersist(step);
-    }
-  };
-  save(1, true);
-  std::thread poll([&] { (*p)->PollOnce(); });  // writes step 1, then reports it (1 s)
+  });
+  ASSERT_NE(a.worker, nullptr);
+  a.Save(1, true);
+  std::thread poll([&] { a.persister->PollOnce(); });  // writes step 1, then reports it (1 s)
   while (!in_report) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  save(2, false);
+  a.Save(2, false);
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ((*p)->BreakpointSaveAsync("restart"), 1);
+  EXPECT_EQ(a.persister->BreakpointSaveAsync("restart"), 1);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
   poll.join();
-  (*p)->PollOnce();  // the poll thread writes the pending breakpoint save
-  EXPECT_EQ((*w)->durable_step(), 2u);
-  w->reset();
-  p->reset();
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+  a.persister->PollOnce();  // the poll thread writes the pending breakpoint save
+  EXPECT_EQ(a.worker->durable_step(), 2u);
 }
 
 TEST(AgentCkptPersisterSlowMaster, AFinalBreakpointSaveWritesWhileTheLastReportIsStillInFlight) {
@@ -255,7 +274,8 @@ TEST(AgentCkptPersisterSlowMaster, AFinalBreakpointSaveWritesWhileTheLastReportI
   // agent exits and saves step 2 (BreakpointSave): its write and report must
   // not wait behind step 1's report (the store's lock is not held across it).
   std::atomic<bool> in_report{false};
-  ShardReporter slow = [&](const v1::ShardDurableReport& r, double) -> absl::StatusOr<v1::ShardDurableResponse> {
+  OneStoreAgent a("slowreport", [&](const v1::ShardDurableReport& r, double)
+                                    -> absl::StatusOr<v1::ShardDurableResponse> {
     if (r.step() == 1) {
       in_report = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -263,42 +283,20 @@ TEST(AgentCkptPersisterSlowMaster, AFinalBreakpointSaveWritesWhileTheLastReportI
     v1::ShardDurableResponse resp;
     resp.set_commit(true);  // one rank: every report completes its step
     return resp;
-  };
-  const std::string dir = MakeTempDir("slowreport");
-  CkptPersisterOptions o;
-  o.node_id = "node-s";
-  o.local_world_size = 1;
-  o.name_prefix = CkptStorePrefix(absl::StrCat("slowreport-", dir), getpid());
-  o.retry_after_s = 0;
-  auto p = CkptPersister::Create(o, slow);
-  ASSERT_TRUE(p.ok()) << p.status();
-  auto w = ckpt::SlotStore::Open((*p)->store_name(0));
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto save = [&](uint64_t step, bool persist) {
-    std::vector<uint8_t> img = ImageForStep(step);
-    auto write = (*w)->BeginSave(step, img.size());
-    ASSERT_TRUE(write.ok());
-    std::memcpy(write->image(), img.data(), img.size());
-    ASSERT_TRUE((*w)->Commit(&*write, img.size()).ok());
-    ASSERT_TRUE((*w)->SetPersistConfig({dir, 0, 1, 3}).ok());
-    if (persist) (*w)->RequestPersist(step);
-  };
-  save(1, true);
-  std::thread poll([&] { (*p)->PollOnce(); });  // writes step 1, then reports it (1.5 s)
+  });
+  ASSERT_NE(a.worker, nullptr);
+  a.Save(1, true);
+  std::thread poll([&] { a.persister->PollOnce(); });  // writes step 1, then reports it (1.5 s)
   while (!in_report) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  save(2, false);
+  a.Save(2, false);
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ((*p)->BreakpointSave("the agent is exiting"), 1);
+  EXPECT_EQ(a.persister->BreakpointSave("the agent is exiting"), 1);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0)
       << "the breakpoint save waited for step 1's report";
-  EXPECT_EQ((*w)->durable_step(), 2u);
-  EXPECT_EQ(*ckpt::ReadLatestStep(dir), 2u);
+  EXPECT_EQ(a.worker->durable_step(), 2u);
+  EXPECT_EQ(*ckpt::ReadLatestStep(a.dir), 2u);
   poll.join();
-  EXPECT_EQ(*ckpt::ReadLatestStep(dir), 2u) << "step 1's late commit does not move `latest` back";
-  w->reset();
-  p->reset();
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+  EXPECT_EQ(*ckpt::ReadLatestStep(a.dir), 2u) << "step 1's late commit does not move `latest` back";
 }
 
 TEST_F(AgentCkptPersisterTest, BreakpointSavePersistsTheNewestInMemoryStepOnce) {
