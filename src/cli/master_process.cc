@@ -41,7 +41,11 @@ absl::StatusOr<std::unique_ptr<MasterProcess>> MasterProcess::Start(MasterProces
   const master::MasterOptions& mo = p->options_.master;
   p->job_id_ = mo.job_id;
   p->address_ = Endpoint{mo.advertise_host, mo.port}.ToString();
-  auto credentials = MasterChannelCredentials(mo.tls);
+  // Its status is read as an agent would: the master's CA (its own
+  // certificate when self-signed), and that certificate as the client's.
+  TlsFiles client = mo.tls;
+  if (client.on() && client.ca.empty()) client.ca = client.cert;
+  auto credentials = MasterChannelCredentials(client);
   if (!credentials.ok()) return credentials.status();
   p->stub_ = v1::Master::NewStub(MasterChannel(p->address_, *credentials));
   RETURN_IF_ERROR(p->Spawn());
@@ -106,6 +110,10 @@ absl::Status MasterProcess::Spawn() {
 absl::StatusOr<v1::JobStatus> MasterProcess::Fetch(double timeout_s) {
   grpc::ClientContext ctx;
   ctx.AddMetadata(kTokenMetadataKey, options_.master.token);
+  // Wait (up to the deadline) for the channel to connect rather than fail
+  // fast: a fail-fast call does not drive a connection attempt, and a TLS
+  // handshake then never completes between calls.
+  ctx.set_wait_for_ready(true);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
                                                           std::chrono::duration<double>(timeout_s)));
   v1::StatusRequest req;

@@ -8,7 +8,7 @@ certificates: a CA, the master's certificate (for 127.0.0.1) and an agent's.
     another CA are refused with an error that names TLS; the token is still
     required over TLS;
   - `ballast launch --tls-cert --tls-key` (a self-signed certificate) runs a
-    job end to end;
+    job end to end, also with `--journal` (its master in a child process);
   - bad flags (a certificate without its key, a missing file) are usage
     errors that say what to pass.
 """
@@ -139,6 +139,15 @@ class TlsTest(unittest.TestCase):
                           TRAIN, "--steps", "5", "--step-time", "0.05", "--out", os.path.join(self.tmp, "out")],
                          "launch.log")
         self.assertEqual(job.wait(timeout=120), 0, self.log("launch.log")[-3000:])
+        # With --journal the master is a child process the launcher reads
+        # over TLS too.
+        job = self.spawn([BIN, "launch", "--nodes", "2", "--nproc-per-node", "1", "--python", PYTHON,
+                          "--http-port", "-1", "--tls-cert", self.c("self.pem"), "--tls-key", self.c("self.key"),
+                          "--journal", os.path.join(self.tmp, "journal"),
+                          TRAIN, "--steps", "5", "--step-time", "0.05", "--out", os.path.join(self.tmp, "out2")],
+                         "launch-journal.log")
+        self.assertEqual(job.wait(timeout=120), 0, self.log("launch-journal.log")[-3000:])
+        self.assertIn("master process pid", self.log("launch-journal.log"))
 
     def test_bad_tls_flags_say_what_to_pass(self):
         cases = (([BIN, "master", "--nnodes", "1", "--tls-cert", self.c("master.pem")], "--tls-cert needs --tls-key"),
