@@ -211,6 +211,13 @@ std::optional<master::JobResult> MasterProcess::ResultOf(const v1::JobStatus& st
 std::optional<master::JobResult> MasterProcess::WaitForFinish(double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  // The status is read once per call (Poll reads it every loop turn too: a
+  // status lists every node); then only the child is watched. The master
+  // serves until it is stopped, so the end is read at the next call at the
+  // latest, and an agent's exit meanwhile is not taken for a loss.
+  if (!exited_.has_value() && !(last_.has_value() && ResultOf(*last_).has_value())) {
+    if (absl::StatusOr<v1::JobStatus> st = Fetch(0.5); st.ok()) last_ = *std::move(st);
+  }
   while (true) {
     if (last_.has_value()) {
       if (auto r = ResultOf(*last_); r.has_value()) return r;
@@ -224,7 +231,6 @@ std::optional<master::JobResult> MasterProcess::WaitForFinish(double timeout_s) 
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (absl::StatusOr<v1::JobStatus> st = Fetch(0.5); st.ok()) last_ = *std::move(st);
     if (absl::Status c = CheckChild(); !c.ok()) spdlog::error("{}: {}", options_.cmd, std::string(c.message()));
   }
 }

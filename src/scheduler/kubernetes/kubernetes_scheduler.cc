@@ -277,13 +277,7 @@ void KubernetesScheduler::OnPod(const std::string& type, const kube::Json& pod) 
     // node nobody manages: delete it.
     if (started_ && type != "DELETED" && kube::Find(pod, {"metadata", "deletionTimestamp"}) == nullptr &&
         stray_deleted_.insert(name).second) {
-      spdlog::warn("kubernetes: pod {}/{} of ElasticJob {} was created by an earlier master process; deleting it",
-                   options_.job.ns, name, options_.job.Describe());
-      Submit([this, name] {
-        auto r = options_.client->Delete(PodPath(options_.job, name), kube::Json{{"gracePeriodSeconds", 0}},
-                                         absl::StrCat("delete pod ", options_.job.ns, "/", name));
-        if (!r.ok() && !absl::IsNotFound(r.status())) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
-      });
+      DeleteLocked(name, 0, "created by an earlier master process, which died: no node of this master");
     }
     return;
   }
