@@ -8,7 +8,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries test unit integration kubernetes slurm demo install bench fuzz clean
+.PHONY: all deps configure build k8s-binaries torch2 test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -28,13 +28,19 @@ build: configure
 k8s-binaries:
 	@scripts/k8s/build-control-plane.sh >/dev/null
 
-test: build k8s-binaries
+# The pinned torch 2.x runtime the tests also run on: a venv of PyPI's torch
+# in ~/.cache/ballast/torch-<version>-py<python> (~5 GB, minutes once;
+# instant after).
+torch2:
+	@scripts/torch2-venv.sh >/dev/null
+
+test: build k8s-binaries torch2
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-unit: build
+unit: build torch2
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)
 
-integration: build k8s-binaries
+integration: build k8s-binaries torch2
 	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
 
 kubernetes: build k8s-binaries

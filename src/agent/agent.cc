@@ -24,6 +24,7 @@
 #include "common/chaos.h"
 #include "health/failure_class.h"
 #include "health/stack_dump.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -206,6 +207,11 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   if (options_.run.warm_restart && !options_.run.no_python) {
     WarmOptions wo;
     wo.python = options_.run.python;
+    wo.low_priority = CanRestoreNormalPriority();
+    if (!wo.low_priority) {
+      spdlog::info("warm interpreters import at normal priority: this agent may not move a SCHED_IDLE process back "
+                   "(no CAP_SYS_NICE, RLIMIT_NICE < 20), so preparing them shares the CPU with the workers");
+    }
     wo.modules = {"torch"};
     for (const std::string& m : options_.run.warm_modules) {
       if (m != "torch") wo.modules.push_back(m);
@@ -901,6 +907,7 @@ std::optional<int> Agent::PollWorkers() {
     TrackTimeline();
   }
   if (warm_ != nullptr) {
+    if (running_round_) LearnWarmModules();
     warm_->Poll();
     if (warm_->disabled() && !warm_disabled_logged_) {
       warm_disabled_logged_ = true;
@@ -909,14 +916,20 @@ std::optional<int> Agent::PollWorkers() {
     if (warm_due_ns_ != 0 && MonotonicNowNs() >= warm_due_ns_) {
       warm_due_ns_ = 0;
       PrepareWarm();
+      // What the workers imported so far, and again later for what their
+      // first steps bring (the first step itself asks too).
+      workers_->RequestModules();
+      learn_asks_ = 0;
+      learn_again_ns_ = MonotonicNowNs() + kLearnAgainNs[0];
     }
     if (!warm_ready_logged_ && !warm_->disabled()) {
       bool all = true;
       for (int lr = 0; lr < options_.run.nproc_per_node; ++lr) all = all && warm_->ready(lr);
       if (all) {
         warm_ready_logged_ = true;
-        spdlog::info("warm interpreters ready for the next (re)start ({} local ranks) {}", options_.run.nproc_per_node,
-                     Fmt());
+        spdlog::info("warm interpreters ready for the next (re)start ({} local ranks, {} modules the workers "
+                     "imported preloaded) {}",
+                     options_.run.nproc_per_node, warm_->preloaded().size(), Fmt());
       }
     }
   }
@@ -925,12 +938,47 @@ std::optional<int> Agent::PollWorkers() {
 
 void Agent::PrepareWarm() {
   if (warm_ == nullptr || warm_->disabled()) return;
+  if (!warm_learned_fetched_) {
+    // A node that joins a running job (a replacement) preloads what the
+    // other nodes' workers imported, so its first start is as warm as theirs.
+    warm_learned_fetched_ = true;
+    if (absl::StatusOr<std::string> v = client_->KvGet(kWarmModulesKey, 0); v.ok()) {
+      nlohmann::json names = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
+      std::vector<std::string> modules;
+      if (names.is_array()) {
+        for (const nlohmann::json& n : names) {
+          if (n.is_string()) modules.push_back(n.get<std::string>());
+        }
+      }
+      warm_->Preload(modules);
+    }
+  }
   warm_ready_logged_ = false;
+  const std::map<std::string, std::string> env = workers_->InterpreterEnvironment();
   for (int lr = 0; lr < options_.run.nproc_per_node; ++lr) {
-    if (absl::Status s = warm_->Prepare(lr, workers_->EnvironmentFor(lr)); !s.ok()) {
+    if (absl::Status s = warm_->Prepare(lr, env); !s.ok()) {
       spdlog::warn("cannot start a warm interpreter for local rank {}: {} {}", lr, std::string(s.message()), Fmt());
       return;
     }
+  }
+}
+
+void Agent::LearnWarmModules() {
+  if (learn_again_ns_ != 0 && MonotonicNowNs() >= learn_again_ns_) {
+    workers_->RequestModules();
+    ++learn_asks_;
+    learn_again_ns_ = learn_asks_ < std::size(kLearnAgainNs) ? MonotonicNowNs() + kLearnAgainNs[learn_asks_] : 0;
+  }
+  workers_->ReadControl();
+  std::vector<std::string> learned = workers_->TakeLearnedModules();
+  const size_t before = warm_->preloaded().size();
+  if (!learned.empty()) warm_->Preload(learned);
+  if (warm_->preloaded().size() == before) return;
+  warm_ready_logged_ = false;
+  // For the nodes that join later (replacements). Best effort.
+  nlohmann::json names = warm_->preloaded();
+  if (absl::Status s = client_->KvSet(kWarmModulesKey, names.dump()); !s.ok()) {
+    spdlog::debug("cannot publish the learned warm modules: {} {}", s.ToString(), Fmt());
   }
 }
 
@@ -964,8 +1012,11 @@ void Agent::TrackTimeline() {
   // The round's first step, for the master's goodput accountant: every
   // worker made one (the lowest step now; a worker may be a step further).
   first_step_ = FirstStep{round_, first_step_ns, progress_->Summarize().min_step};
-  // Warm interpreters for the next restart may start now.
+  // Warm interpreters for the next restart may start now, and import what
+  // these workers imported after their start (asked again later for what
+  // the first steps after this one bring).
   if (warm_due_ns_ != 0) warm_due_ns_ = first_step_ns;
+  if (warm_ != nullptr) workers_->RequestModules();
   const bool recovery = timeline_.failure_ns != 0 || round_start_.restart_count() > 0 || round_ > 1;
   const uint64_t t0 = timeline_.failure_ns != 0 ? timeline_.failure_ns : timeline_.decision_ns;
   auto ms = [&](uint64_t t) { return absl::StrCat("+", static_cast<int64_t>((static_cast<double>(t) - t0) / 1e6), " ms"); };

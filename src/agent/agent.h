@@ -195,6 +195,11 @@ class Agent {
   void MaybeReportProgress(bool now_please = false);
   // Starts a warm interpreter per local rank for the next (re)start.
   void PrepareWarm();
+  // Hands the modules the running warm workers imported after their start
+  // (asked when the warm interpreters are prepared, at the first step and
+  // kLearnAgainNs later) to the warm pool, and
+  // publishes the list for nodes that join later (kWarmModulesKey).
+  void LearnWarmModules();
   // The recovery timeline: logs, once the round's workers all stepped, when
   // each stage of the (re)start happened (see Timeline).
   void TrackTimeline();
@@ -243,6 +248,14 @@ class Agent {
   uint64_t warm_due_ns_ = 0;
   static constexpr uint64_t kWarmPrepareFallbackNs = 3'000'000'000ull;
   bool warm_disabled_logged_ = false;
+  // When to ask the workers again which modules they imported (0: not):
+  // kLearnAgainNs[i] after the i-th ask of the round (the first comes when
+  // the warm interpreters are prepared).
+  uint64_t learn_again_ns_ = 0;
+  size_t learn_asks_ = 0;
+  static constexpr uint64_t kLearnAgainNs[] = {2'000'000'000ull, 8'000'000'000ull, 20'000'000'000ull};
+  static constexpr char kWarmModulesKey[] = "warm/modules";
+  bool warm_learned_fetched_ = false;  // kWarmModulesKey read once, at the first PrepareWarm
   bool warm_ready_logged_ = true;  // false from PrepareWarm until all say ready
   // One (re)start's stages, CLOCK_MONOTONIC ns (0 = not seen).
   struct Timeline {

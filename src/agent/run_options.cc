@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/module_list.h"
 #include "common/net.h"
 #include "common/node_range.h"
 #include "common/status_macros.h"
@@ -251,15 +252,9 @@ const std::map<std::string, FlagDef>& FlagTable() {
       {"--warm-modules",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
-          o->warm_modules.clear();
-          for (absl::string_view m : absl::StrSplit(v, ',', absl::SkipEmpty())) {
-            std::string name(m);
-            static const std::regex kModule(R"([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)");
-            if (!std::regex_match(name, kModule)) {
-              return FlagError(f, absl::StrCat("'", name, "' is not a Python module name (e.g. numpy,transformers)"));
-            }
-            o->warm_modules.push_back(name);
-          }
+          auto modules = ParseModuleList(v);
+          if (!modules.ok()) return FlagError(f, std::string(modules.status().message()));
+          o->warm_modules = *std::move(modules);
           return absl::OkStatus();
         }}},
       {"--network-check", {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->precheck = true; return absl::OkStatus(); }}},

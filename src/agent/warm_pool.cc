@@ -1,18 +1,23 @@
 #include "agent/warm_pool.h"
 
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <set>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -25,30 +30,30 @@ double MonotonicSeconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
-// The variables WorkerEnvironment sets per round (see worker_group.cc).
-const std::set<std::string>& RoundVariables() {
-  static const auto* vars = new std::set<std::string>{
-      "RANK",           "LOCAL_RANK",      "WORLD_SIZE",  "LOCAL_WORLD_SIZE",           "GROUP_RANK",
-      "GROUP_WORLD_SIZE", "ROLE_RANK",     "ROLE_NAME",   "ROLE_WORLD_SIZE",            "MASTER_ADDR",
-      "MASTER_PORT",    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-      "TORCHELASTIC_USE_AGENT_STORE", "BALLAST_ROUND"};
-  return *vars;
-}
-
 // Python: `python -u -c` this. Kept to the standard library and what the
 // agent asked to preload; its own names stay out of the script's namespace
 // (runpy gives the script a fresh __main__).
+//
+// The control socket carries one JSON object a line from the agent:
+// {"preload": [modules]} (import them now, each a hint: one that fails is
+// skipped), then the job {"env", "cwd", "argv", "module"}; once the script
+// runs, {"modules": true} asks which library modules it has imported, and the
+// answer is "modules <JSON list>". Lines to the agent: "ready <t>",
+// "preloaded <n> <t>", "failed <module>: <error>", "started <t>",
+// "pg <t_call> <t_return>", "modules [...]" (t: time.monotonic()).
 constexpr char kBootstrap[] = R"PY(import os, sys
 def _ballast_warm():
-    import fcntl, json, socket, time
+    import fcntl, json, socket, threading, time
     # Out of the way: a cold start's first open() gets fd 3, so must the script's.
     low = int(os.environ.pop("BALLAST_WARM_FD", "3"))
     fd = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 512)
     os.close(low)
     sock = socket.socket(fileno=fd)
+    lock = threading.Lock()
     def say(msg):
         try:
-            sock.sendall((msg + "\n").encode())
+            with lock:
+                sock.sendall((msg + "\n").encode())
         except OSError:
             pass
     for name in [m for m in os.environ.pop("BALLAST_WARM_MODULES", "").split(",") if m]:
@@ -58,13 +63,59 @@ def _ballast_warm():
             say(("failed %s: %s: %s" % (name, type(e).__name__, e)).replace("\n", " "))
             sys.exit(3)
     say("ready %.6f" % time.monotonic())
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1 << 20)
-        if not chunk:
+    buf = [b""]
+    def read_message():
+        while b"\n" not in buf[0]:
+            try:
+                chunk = sock.recv(1 << 20)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return None
+            buf[0] += chunk
+        line, buf[0] = buf[0].split(b"\n", 1)
+        return json.loads(line)
+    while True:
+        job = read_message()
+        if job is None:
             sys.exit(0)
-        buf += chunk
-    job = json.loads(buf)
+        if "preload" not in job:
+            break
+        # What the last workers imported after their start (DDP's first
+        # construction imports torch._dynamo on torch 2.x: ~900 modules).
+        n = 0
+        for name in job["preload"]:
+            if name in sys.modules:
+                continue
+            try:
+                __import__(name)
+                n += 1
+            except BaseException:
+                pass
+        say("preloaded %d %.6f" % (n, time.monotonic()))
+    def library_modules():
+        # Modules of installed packages and the standard library only: the
+        # user's own code may do anything at import.
+        import sysconfig
+        std = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
+        out = []
+        for name, mod in list(sys.modules.items()):
+            f = getattr(mod, "__file__", None)
+            if not f or name.startswith("_ballast") or name in ("__main__", "__mp_main__"):
+                continue
+            if "/site-packages/" in f or "/dist-packages/" in f or f.startswith(std):
+                out.append(name)
+        return out
+    def serve():
+        while True:
+            try:
+                req = read_message()
+            except ValueError:
+                continue
+            if req is None:
+                return
+            if req.get("modules"):
+                say("modules " + json.dumps(library_modules()))
     dist = sys.modules.get("torch.distributed")
     orig = getattr(dist, "init_process_group", None)
     if orig is not None:
@@ -104,6 +155,7 @@ def _ballast_warm():
     os.chdir(job["cwd"])
     sys.argv = list(job["argv"])
     say("started %.6f" % time.monotonic())
+    threading.Thread(target=serve, name="ballast-warm", daemon=True).start()
     return job["module"], sock
 _ballast_module, _ballast_sock = _ballast_warm()
 import runpy
@@ -115,16 +167,34 @@ else:
     runpy.run_path(sys.argv[0], run_name="__main__")
 )PY";
 
+// SCHED_IDLE (or back to SCHED_OTHER) for every thread of pid.
+bool SetPolicy(pid_t pid, int policy) {
+  sched_param param{};
+  bool ok = true;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    int tid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
+    ok = sched_setscheduler(tid, policy, &param) == 0 && ok;
+  }
+  if (ec) ok = sched_setscheduler(pid, policy, &param) == 0;
+  return ok;
+}
+
 }  // namespace
 
-bool IsRoundVariable(const std::string& name) { return RoundVariables().count(name) > 0; }
-
-std::map<std::string, std::string> WithoutRoundVariables(const std::map<std::string, std::string>& env) {
-  std::map<std::string, std::string> out;
-  for (const auto& [k, v] : env) {
-    if (!IsRoundVariable(k)) out.emplace(k, v);
+bool CanRestoreNormalPriority() {
+  // CAP_SYS_NICE is bit 23 of the effective capabilities.
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!absl::StartsWith(line, "CapEff:")) continue;
+    uint64_t caps = 0;
+    std::string hex(absl::StripAsciiWhitespace(line.substr(7)));
+    if (absl::SimpleHexAtoi(hex, &caps) && (caps & (1ull << 23)) != 0) return true;
   }
-  return out;
+  rlimit rl{};
+  return getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur >= 20;
 }
 
 std::string FirstDifference(const std::map<std::string, std::string>& a, const std::map<std::string, std::string>& b) {
@@ -152,15 +222,14 @@ WarmPool::~WarmPool() {
 absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>& env) {
   if (disabled()) return absl::OkStatus();
   Slot& slot = slots_[lr];
-  std::map<std::string, std::string> base = WithoutRoundVariables(env);
   if (slot.warm.has_value()) {
-    if (slot.env == base && slot.warm->process.running()) return absl::OkStatus();
+    if (slot.env == env && slot.warm->process.running()) return absl::OkStatus();
     slot.warm->process.Terminate(0);  // stale: started for another environment
     slot.warm.reset();
   }
   SpawnOptions so;
   so.argv = {options_.python, "-u", "-c", kBootstrap};
-  so.env = base;
+  so.env = env;
   so.env["BALLAST_WARM_FD"] = std::to_string(kControlFd);
   so.env["BALLAST_WARM_MODULES"] = absl::StrJoin(options_.modules, ",");
   so.new_process_group = true;
@@ -174,10 +243,47 @@ absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>&
     return proc.status();
   }
   fcntl(proc->control_fd(), F_SETFL, fcntl(proc->control_fd(), F_GETFL) | O_NONBLOCK);
-  slot.env = std::move(base);
+  // Just exec'd: one thread; the threads its imports start inherit the policy.
+  if (options_.low_priority && !SetPolicy(proc->pid(), SCHED_IDLE)) {
+    spdlog::debug("warm interpreter {}: cannot set SCHED_IDLE: {}", proc->pid(), std::strerror(errno));
+  }
+  slot.env = env;
   slot.buffer.clear();
+  slot.preload_sent = 0;
+  slot.preloads_pending = 0;
   slot.warm = WarmProcess{*std::move(proc), -1, MonotonicSeconds()};
+  SendPreload(&slot);
   return absl::OkStatus();
+}
+
+void WarmPool::SendPreload(Slot* slot) {
+  if (!slot->warm.has_value() || slot->preload_sent >= learned_.size()) return;
+  nlohmann::json msg = {{"preload", std::vector<std::string>(learned_.begin() + static_cast<long>(slot->preload_sent),
+                                                             learned_.end())}};
+  const std::string line = msg.dump() + "\n";
+  // The interpreter reads its socket only between imports: a list longer
+  // than the socket buffer must not block the agent, so this is one
+  // blocking send of a few ten KB at most (the buffer holds it).
+  const int fd = slot->warm->process.control_fd();
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = send(fd, line.data() + off, line.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // it died: Poll notices
+    off += static_cast<size_t>(n);
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  slot->preload_sent = learned_.size();
+  ++slot->preloads_pending;
+}
+
+void WarmPool::Preload(const std::vector<std::string>& modules) {
+  for (const std::string& m : modules) {
+    if (learned_set_.insert(m).second) learned_.push_back(m);
+  }
+  if (disabled()) return;
+  for (auto& [lr, slot] : slots_) SendPreload(&slot);
 }
 
 std::vector<std::string> ReadControlLines(int fd, std::string* buffer, bool* closed) {
@@ -213,6 +319,8 @@ void WarmPool::Poll() {
     for (const std::string& line : ReadControlLines(w.process.control_fd(), &slot.buffer, &closed)) {
       if (absl::StartsWith(line, "ready ")) {
         (void)absl::SimpleAtod(line.substr(6), &w.ready_at_s);
+      } else if (absl::StartsWith(line, "preloaded ")) {
+        slot.preloads_pending = std::max(0, slot.preloads_pending - 1);
       } else if (absl::StartsWith(line, "failed ")) {
         disabled_reason_ = absl::StrCat("the warm interpreter of local rank ", lr, " could not import ",
                                         line.substr(7));
@@ -237,7 +345,8 @@ void WarmPool::Poll() {
 
 bool WarmPool::ready(int lr) const {
   auto it = slots_.find(lr);
-  return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0;
+  return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0 &&
+         it->second.preloads_pending == 0;
 }
 
 std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, std::string>& env,
@@ -253,7 +362,7 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
     return std::nullopt;
   }
   Slot& slot = it->second;
-  std::string diff = FirstDifference(slot.env, WithoutRoundVariables(env));
+  std::string diff = FirstDifference(slot.env, env);
   if (!diff.empty()) {
     *why_not = absl::StrCat("the environment the interpreter started with differs (", diff, ")");
     slot.warm->process.Terminate(0);
@@ -262,6 +371,14 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
   }
   std::optional<WarmProcess> out = std::move(slot.warm);
   slot.warm.reset();
+  // It trains now (or finishes its imports for that first): the normal policy.
+  if (options_.low_priority && !SetPolicy(out->process.pid(), SCHED_OTHER)) {
+    spdlog::warn("warm interpreter {}: cannot restore SCHED_OTHER ({}); starting its worker cold instead",
+                 out->process.pid(), std::strerror(errno));
+    out->process.Terminate(0);
+    *why_not = "its scheduling policy could not be restored";
+    return std::nullopt;
+  }
   return out;
 }
 

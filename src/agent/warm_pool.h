@@ -9,9 +9,14 @@
 // start gives it: sys.argv, __main__, __file__, sys.path[0], cwd, env, signal
 // handlers, stdin (inherited, as for a cold start).
 //
-// What the interpreter read at its start must not change: a warm process is
-// only used when its environment, minus the per-round variables (RANK,
-// WORLD_SIZE, MASTER_ADDR, ...), equals the new worker's. Otherwise (say
+// What the interpreter read at its start must not change. It starts with the
+// *interpreter environment* (WorkerGroup::InterpreterEnvironment: the user's
+// environment and what the agent adds for its whole life, e.g. PYTHONPATH);
+// everything the agent sets per round or per local rank (RANK, MASTER_ADDR,
+// BALLAST_CKPT_SHM, BALLAST_CKPT_REPLICAS, ...) comes with the job, like the
+// torchrun variables, so nothing Ballast changes between rounds defeats a
+// warm start. A warm process is only used when the new worker's interpreter
+// environment equals the one it started with; otherwise (the user's
 // OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, NCCL_* or PYTHON* changed) the
 // worker starts cold and the log says why. An interpreter that died before
 // its job (the preload failed) turns warm starts off for the node, saying why.
@@ -29,6 +34,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,10 +43,6 @@
 
 namespace ballast::agent {
 
-// The per-round variables a warm interpreter learns from its job.
-bool IsRoundVariable(const std::string& name);
-// env without the per-round variables.
-std::map<std::string, std::string> WithoutRoundVariables(const std::map<std::string, std::string>& env);
 // The first variable that differs between two environments ("" if none), for messages.
 std::string FirstDifference(const std::map<std::string, std::string>& a, const std::map<std::string, std::string>& b);
 
@@ -50,7 +52,16 @@ const char* WarmBootstrap();
 struct WarmOptions {
   std::string python = "python3";
   std::vector<std::string> modules = {"torch"};  // imported before the interpreter waits
+  // Run waiting interpreters (their imports included) at SCHED_IDLE, so
+  // preparing the next start never takes CPU from the workers training now;
+  // Take gives a taken one back the normal policy. Only where that is
+  // allowed (CanRestoreNormalPriority()).
+  bool low_priority = false;
 };
+
+// Whether this process may move a SCHED_IDLE child back to SCHED_OTHER
+// (CAP_SYS_NICE, or an RLIMIT_NICE of 20 or more).
+bool CanRestoreNormalPriority();
 
 // A warm interpreter handed out for a worker: the process (its stdout/stderr
 // pipes and control socket included) and when it became ready.
@@ -65,21 +76,28 @@ class WarmPool {
   explicit WarmPool(WarmOptions options);
   ~WarmPool();  // kills the waiting interpreters
 
-  // Starts a warm interpreter for local rank `lr` with `env` (the worker
-  // environment of any round: the per-round variables are dropped) unless
-  // one with that environment waits already. No-op once disabled.
+  // Starts a warm interpreter for local rank `lr` with `env` (the interpreter
+  // environment) unless one with that environment waits already. No-op once
+  // disabled.
   absl::Status Prepare(int lr, const std::map<std::string, std::string>& env);
   // Reads "ready" and notices interpreters that died (which disables the pool).
   void Poll();
-  // The waiting interpreter of `lr` when its environment matches `env` (the
-  // new worker's full environment), else nullopt with *why_not set.
+  // Modules the workers imported after their start (WorkerGroup's learned
+  // modules): the waiting interpreters import them now, and the ones started
+  // later too. Failures are ignored (a hint, unlike WarmOptions::modules).
+  void Preload(const std::vector<std::string>& modules);
+  // Every module handed to Preload so far, in order.
+  const std::vector<std::string>& preloaded() const { return learned_; }
+  // The waiting interpreter of `lr` when it started with `env` (the new
+  // worker's interpreter environment), else nullopt with *why_not set.
   std::optional<WarmProcess> Take(int lr, const std::map<std::string, std::string>& env, std::string* why_not);
   // Hands `process` its job: the full environment, cwd and argv (the script
   // and its arguments, or the module and its arguments). Non-blocking.
   static absl::Status Hand(WarmProcess* process, const std::map<std::string, std::string>& env,
                            const std::string& cwd, const std::vector<std::string>& argv, bool module);
 
-  // Whether local rank lr's interpreter waits, its imports done (after Poll).
+  // Whether local rank lr's interpreter waits, its imports (the preloaded
+  // modules too) done (after Poll).
   bool ready(int lr) const;
   bool disabled() const { return !disabled_reason_.empty(); }
   const std::string& disabled_reason() const { return disabled_reason_; }
@@ -87,11 +105,18 @@ class WarmPool {
  private:
   struct Slot {
     std::optional<WarmProcess> warm;
-    std::map<std::string, std::string> env;  // without the round variables
+    std::map<std::string, std::string> env;  // the interpreter environment it started with
     std::string buffer;                      // partial control-socket line
+    size_t preload_sent = 0;                 // learned_[0, preload_sent) were sent to it
+    int preloads_pending = 0;                // preload messages not yet answered
   };
+  // Sends the learned modules the slot's interpreter has not been sent.
+  void SendPreload(Slot* slot);
+
   const WarmOptions options_;
   std::map<int, Slot> slots_;
+  std::vector<std::string> learned_;
+  std::set<std::string> learned_set_;
   std::string disabled_reason_;
 };
 

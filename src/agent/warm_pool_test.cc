@@ -82,16 +82,38 @@ sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
   fs::path dir_;
 };
 
-TEST(WarmPoolEnv, RoundVariablesAreWhatChangesBetweenRounds) {
-  EXPECT_TRUE(IsRoundVariable("RANK"));
-  EXPECT_TRUE(IsRoundVariable("MASTER_PORT"));
-  EXPECT_TRUE(IsRoundVariable("TORCHELASTIC_RESTART_COUNT"));
-  EXPECT_FALSE(IsRoundVariable("OMP_NUM_THREADS"));
-  EXPECT_FALSE(IsRoundVariable("CUDA_VISIBLE_DEVICES"));
+TEST(WarmPoolEnv, FirstDifferenceNamesTheVariable) {
   EXPECT_EQ(FirstDifference({{"A", "1"}, {"B", "2"}}, {{"A", "1"}, {"B", "3"}}), "B changed");
   EXPECT_EQ(FirstDifference({{"A", "1"}}, {{"A", "1"}, {"NCCL_DEBUG", "INFO"}}), "NCCL_DEBUG is set now");
   EXPECT_EQ(FirstDifference({{"A", "1"}}, {}), "A is unset now");
   EXPECT_EQ(FirstDifference({{"A", "1"}}, {{"A", "1"}}), "");
+}
+
+TEST(WorkerEnvironment, WhatTheAgentSetsPerRoundOrRankIsNotPartOfTheInterpreterEnvironment) {
+  WorkerSpec spec;
+  spec.base_env = {{"USER_VAR", "u"}, {"OMP_NUM_THREADS", ""}};
+  spec.node_id = "n0";
+  spec.local_rank_env = {{{"BALLAST_CKPT_SHM", "s0"}, {"BALLAST_CKPT_REPLICAS", "r1"}}};
+  RoundSpec round;
+  round.round = 4;
+  round.rank_offset = 2;
+  round.world_size = 6;
+  round.master_addr = "10.0.0.1";
+  round.master_port = 29400;
+  const std::map<std::string, std::string> interp = InterpreterEnvironment(spec);
+  EXPECT_EQ(interp.at("USER_VAR"), "u");
+  EXPECT_EQ(interp.at("OMP_NUM_THREADS"), "1");  // torchrun's default for an empty value
+  EXPECT_EQ(interp.at("BALLAST_NODE_ID"), "n0");
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                        "BALLAST_ROUND", "BALLAST_CKPT_SHM", "BALLAST_CKPT_REPLICAS"}) {
+    EXPECT_EQ(interp.count(v), 0u) << v;
+  }
+  const std::map<std::string, std::string> full = WorkerEnvironment(spec, round, 0);
+  EXPECT_EQ(full.at("RANK"), "2");
+  EXPECT_EQ(full.at("BALLAST_ROUND"), "4");
+  EXPECT_EQ(full.at("BALLAST_CKPT_REPLICAS"), "r1");
+  // Every variable of the interpreter environment is in the worker's, unchanged.
+  for (const auto& [k, v] : interp) EXPECT_EQ(full.at(k), v) << k;
 }
 
 TEST_F(WarmPoolTest, ScriptRunsAsMainWithTheJobsArgvEnvAndCwd) {
@@ -182,7 +204,7 @@ TEST_F(WarmPoolTest, WorkerGroupStartsWarmAndForwardsOutput) {
   spec.warm = &pool;
   spec.script_argv = {(dir_ / "hello.py").string()};
   WorkerGroup group(spec);
-  ASSERT_TRUE(pool.Prepare(0, group.EnvironmentFor(0)).ok());
+  ASSERT_TRUE(pool.Prepare(0, group.InterpreterEnvironment()).ok());
   for (int i = 0; i < 1000 && !pool.ready(0); ++i) {
     pool.Poll();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -211,6 +233,39 @@ TEST_F(WarmPoolTest, WorkerGroupStartsWarmAndForwardsOutput) {
   round.round = 2;
   ASSERT_TRUE(group.Start(round).ok());
   EXPECT_THAT(group.start_summary(), HasSubstr("cold (local rank 0: no warm interpreter was ready)"));
+  group.Stop(0);
+}
+
+// The agent sets BALLAST_CKPT_REPLICAS when a round starts (the replicas the
+// node holds then): that reaches a warm worker with its job, and the start
+// stays warm.
+TEST_F(WarmPoolTest, VariablesTheAgentSetsPerRoundKeepTheStartWarm) {
+  WarmPool pool = Pool();
+  std::ofstream(dir_ / "env.py") << "import json, os, sys\n"
+                                    "json.dump({k: os.environ.get(k) for k in ('RANK', 'BALLAST_CKPT_SHM', "
+                                    "'BALLAST_CKPT_REPLICAS')}, open(sys.argv[1], 'w'))\n";
+  const std::string out = (dir_ / "env.json").string();
+  WorkerSpec spec;
+  spec.argv = {kPython, "-u", (dir_ / "env.py").string(), out};
+  spec.base_env = CurrentEnvironment();
+  spec.local_rank_env = {{{"BALLAST_CKPT_SHM", "store-0"}}};
+  spec.warm = &pool;
+  spec.script_argv = {(dir_ / "env.py").string(), out};
+  WorkerGroup group(spec);
+  ASSERT_TRUE(pool.Prepare(0, group.InterpreterEnvironment()).ok());
+  // The round brings the replicas this node holds now.
+  group.set_local_rank_env({{{"BALLAST_CKPT_SHM", "store-0"}, {"BALLAST_CKPT_REPLICAS", "peer-a,peer-b"}}});
+  RoundSpec round;
+  round.round = 2;
+  round.rank_offset = 1;
+  round.world_size = 2;
+  ASSERT_TRUE(group.Start(round).ok());
+  EXPECT_EQ(group.start_summary(), "warm (1 of 1)");
+  nlohmann::json j = ReadJson(out);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["RANK"], "1");
+  EXPECT_EQ(j["BALLAST_CKPT_SHM"], "store-0");
+  EXPECT_EQ(j["BALLAST_CKPT_REPLICAS"], "peer-a,peer-b");
   group.Stop(0);
 }
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,10 +12,12 @@
 #include <filesystem>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -74,9 +77,21 @@ struct WorkerGroup::Stream {
   }
 };
 
+std::map<std::string, std::string> InterpreterEnvironment(const WorkerSpec& spec) {
+  std::map<std::string, std::string> env = spec.base_env;
+  env["BALLAST_NODE_ID"] = spec.node_id;
+  env["PYTHONUNBUFFERED"] = "1";
+  // torchrun's default: one OpenMP thread per worker unless the user chose
+  // (an empty value is no choice: OpenMP would ignore it).
+  if (auto it = env.find("OMP_NUM_THREADS"); it == env.end() || it->second.empty()) {
+    env["OMP_NUM_THREADS"] = "1";
+  }
+  return env;
+}
+
 std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, const RoundSpec& round,
                                                      int local_rank) {
-  std::map<std::string, std::string> env = spec.base_env;
+  std::map<std::string, std::string> env = InterpreterEnvironment(spec);
   if (local_rank >= 0 && static_cast<size_t>(local_rank) < spec.local_rank_env.size()) {
     for (const auto& [k, v] : spec.local_rank_env[local_rank]) env[k] = v;
   }
@@ -96,23 +111,14 @@ std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, con
   env["TORCHELASTIC_MAX_RESTARTS"] = absl::StrCat(round.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = round.run_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
-  env["BALLAST_NODE_ID"] = spec.node_id;
   env["BALLAST_ROUND"] = absl::StrCat(round.round);
-  env["PYTHONUNBUFFERED"] = "1";
-  // torchrun's default: one OpenMP thread per worker unless the user chose
-  // (an empty value is no choice: OpenMP would ignore it).
-  if (auto it = env.find("OMP_NUM_THREADS"); it == env.end() || it->second.empty()) {
-    env["OMP_NUM_THREADS"] = "1";
-  }
   return env;
 }
 
 WorkerGroup::WorkerGroup(WorkerSpec spec) : spec_(std::move(spec)) {}
 
-std::map<std::string, std::string> WorkerGroup::EnvironmentFor(int lr) const {
-  RoundSpec any;
-  any.local_world_size = std::max(1, lr + 1);
-  return WorkerEnvironment(spec_, any, lr);
+std::map<std::string, std::string> WorkerGroup::InterpreterEnvironment() const {
+  return agent::InterpreterEnvironment(spec_);
 }
 
 void WorkerGroup::ReadControl() {
@@ -120,6 +126,14 @@ void WorkerGroup::ReadControl() {
     if (!w.warm || w.process.control_fd() < 0) continue;
     bool closed = false;
     for (const std::string& line : ReadControlLines(w.process.control_fd(), &w.control_buffer, &closed)) {
+      if (absl::StartsWith(line, "modules ")) {
+        nlohmann::json names = nlohmann::json::parse(line.substr(8), nullptr, /*allow_exceptions=*/false);
+        if (!names.is_array()) continue;
+        for (const nlohmann::json& n : names) {
+          if (n.is_string() && learned_seen_.insert(n.get<std::string>()).second) learned_new_.push_back(n);
+        }
+        continue;
+      }
       std::vector<std::string> f = absl::StrSplit(line, ' ');
       if (f.size() == 3 && f[0] == "pg") {
         (void)absl::SimpleAtod(f[1], &w.pg_call_s);
@@ -127,6 +141,21 @@ void WorkerGroup::ReadControl() {
       }
     }
   }
+}
+
+void WorkerGroup::RequestModules() {
+  static constexpr char kAsk[] = "{\"modules\": true}\n";
+  for (Worker& w : workers_) {
+    if (!w.warm || w.state != WorkerState::kRunning || w.process.control_fd() < 0) continue;
+    // Non-blocking: a worker that reads nothing any more loses the question.
+    (void)send(w.process.control_fd(), kAsk, sizeof(kAsk) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+}
+
+std::vector<std::string> WorkerGroup::TakeLearnedModules() {
+  std::vector<std::string> out;
+  out.swap(learned_new_);
+  return out;
 }
 
 WorkerGroup::~WorkerGroup() { Stop(0); }
@@ -195,7 +224,7 @@ absl::Status WorkerGroup::Start(const RoundSpec& round) {
       std::map<std::string, std::string> env = WorkerEnvironment(spec_, round, lr);
       if (spec_.warm != nullptr) {
         std::string why;
-        std::optional<WarmProcess> taken = spec_.warm->Take(lr, env, &why);
+        std::optional<WarmProcess> taken = spec_.warm->Take(lr, agent::InterpreterEnvironment(spec_), &why);
         if (taken.has_value()) {
           absl::Status handed = WarmPool::Hand(&*taken, env, cwd, spec_.script_argv, spec_.module);
           if (handed.ok()) {

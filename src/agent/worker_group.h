@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,10 +39,13 @@ namespace ballast::agent {
 struct WorkerSpec {
   // The command: identical for every local rank (torchrun passes no per-rank args).
   std::vector<std::string> argv;
-  // The environment the workers inherit; the torchrun variables are added on top.
+  // The environment the workers inherit (the user's, and what the agent adds
+  // for its whole life, e.g. PYTHONPATH): a warm interpreter starts with it.
   std::map<std::string, std::string> base_env;
   // Extra variables for local rank i (index i; may be shorter than the local
-  // world size), on top of base_env, e.g. BALLAST_CKPT_SHM.
+  // world size), e.g. BALLAST_CKPT_SHM, BALLAST_CKPT_REPLICAS: like the
+  // torchrun variables they come with each start (a warm interpreter gets
+  // them with its job), so they may change from round to round.
   std::vector<std::map<std::string, std::string>> local_rank_env;
   std::string role = "default";
   std::string node_id;
@@ -108,7 +112,12 @@ struct WorkerInfo {
   double pg_up_s = -1;
 };
 
-// The environment of one worker: base_env plus the torchrun variables.
+// What a worker's interpreter starts with, for any round: base_env and the
+// agent's constants (BALLAST_NODE_ID, PYTHONUNBUFFERED, OMP_NUM_THREADS=1
+// unless set).
+std::map<std::string, std::string> InterpreterEnvironment(const WorkerSpec& spec);
+// The environment of one worker: the interpreter environment, the local
+// rank's extra variables and the torchrun variables of the round.
 std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, const RoundSpec& round,
                                                      int local_rank);
 
@@ -144,11 +153,18 @@ class WorkerGroup {
   // How the current round's workers started: "warm (2 of 2)", or
   // "cold (local rank 0: why; ...)" / "1 warm, 1 cold (...)".
   const std::string& start_summary() const { return start_summary_; }
-  // Reads what warm workers' bootstraps report (init_process_group times).
+  // Reads what warm workers' bootstraps report (init_process_group times,
+  // the modules they imported).
   void ReadControl();
-  // A worker environment of local rank lr for no particular round (what a
-  // warm interpreter starts with; the round's variables come with its job).
-  std::map<std::string, std::string> EnvironmentFor(int lr) const;
+  // Asks every warm worker which library modules it has imported; the
+  // answers arrive through ReadControl.
+  void RequestModules();
+  // The modules the warm workers named since the last call (new names only,
+  // in import order).
+  std::vector<std::string> TakeLearnedModules();
+  // What a warm interpreter starts with (InterpreterEnvironment); the round's
+  // and the local rank's variables come with its job.
+  std::map<std::string, std::string> InterpreterEnvironment() const;
 
   // True while any worker of the current round has not been reaped.
   bool AnyRunning() const;
@@ -196,6 +212,8 @@ class WorkerGroup {
   std::vector<Worker> final_states_;  // after Stop: the last states, for Workers()
   bool all_succeeded_reported_ = false;
   std::string start_summary_;
+  std::vector<std::string> learned_new_;  // TakeLearnedModules
+  std::set<std::string> learned_seen_;
 
   mutable std::mutex mu_;  // guards the Stream state shared with the reader thread
   std::condition_variable eof_cv_;

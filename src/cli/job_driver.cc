@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "common/chaos.h"
+#include "common/module_list.h"
 #include "common/net.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
@@ -56,6 +57,11 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
                  "Copy each rank's newest flash checkpoint step to the next K nodes' memory (0: off)")
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
+  app.add_flag("--no-warm-restart,--no_warm_restart", f->no_warm_restart,
+               "Start every worker in a new interpreter (default: a warm one per local rank waits, torch and what "
+               "the last workers imported already loaded)");
+  app.add_option("--warm-modules,--warm_modules", f->warm_modules,
+                 "Modules warm interpreters import besides torch, e.g. transformers,numpy");
   app.prefix_command();  // everything from the script on belongs to the script
 }
 
@@ -80,6 +86,10 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
   if (f->max_replacements < 0) f->max_replacements = Tunables::Get().max_node_replacements;
   if (auto chaos = ParseChaosSpec(f->chaos); !chaos.ok()) {
     std::fprintf(stderr, "ballast %s: --chaos: %s\n", cmd, std::string(chaos.status().message()).c_str());
+    return kUsageExit;
+  }
+  if (auto modules = ParseModuleList(f->warm_modules); !modules.ok()) {
+    std::fprintf(stderr, "ballast %s: --warm-modules: %s\n", cmd, std::string(modules.status().message()).c_str());
     return kUsageExit;
   }
   if (f->exclude_stragglers && !f->network_check) {
@@ -110,6 +120,8 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
   if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
   if (f.ckpt_replicas != 1) argv.insert(argv.end(), {"--ckpt-replicas", std::to_string(f.ckpt_replicas)});
+  if (f.no_warm_restart) argv.push_back("--no-warm-restart");
+  if (!f.warm_modules.empty()) argv.insert(argv.end(), {"--warm-modules", f.warm_modules});
   argv.insert(argv.end(), f.script_and_args.begin(), f.script_and_args.end());
   return argv;
 }

@@ -45,6 +45,8 @@ struct JobFlags {
   std::string role;
   double hang_timeout_s = 0;
   int ckpt_replicas = 1;
+  bool no_warm_restart = false;
+  std::string warm_modules;  // --warm-modules a,b (as `ballast run`)
   TlsFlags tls;
   std::string journal;  // --journal DIR: the master in a child process (cli/master_process.h)
   std::vector<std::string> script_and_args;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/chaos.h"
+#include "common/module_list.h"
 #include "common/net.h"
 #include "common/node_range.h"
 
@@ -138,6 +139,10 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
     j.hang_timeout_s = it->get<double>();
   }
   j.checkpoint_dir = StrField(spec, "checkpointDir");
+  j.warm_modules = StrField(spec, "warmModules");
+  if (auto modules = ParseModuleList(j.warm_modules); !modules.ok()) {
+    return Invalid("warmModules", std::string(modules.status().message()));
+  }
   j.master_image = StrField(spec, "masterImage");
   const Json* tmpl = kube::Find(spec, {"template"});
   if (tmpl == nullptr || !tmpl->is_object()) return Invalid("template", "required: a pod template for the workers");
@@ -237,6 +242,7 @@ absl::StatusOr<Json> BuildWorkerPod(const ElasticJobSpec& job, const WorkerPodPa
   if (job.network_check) cmd.push_back("--network-check");
   if (job.exclude_stragglers) cmd.push_back("--exclude-stragglers");
   if (job.hang_timeout_s > 0) cmd.insert(cmd.end(), {"--hang-timeout", absl::StrCat(job.hang_timeout_s)});
+  if (!job.warm_modules.empty()) cmd.insert(cmd.end(), {"--warm-modules", job.warm_modules});
   for (std::string& a : WrapTrainingCommand(user)) cmd.push_back(std::move(a));
   c["command"] = cmd;
   c.erase("args");

@@ -46,6 +46,7 @@ struct ElasticJobSpec {
   bool network_check = false;
   bool exclude_stragglers = false;
   double hang_timeout_s = 0;
+  std::string warm_modules;  // spec.warmModules: --warm-modules of the agents
   std::string checkpoint_dir;
   int pending_timeout_s = 120;
   bool cordon_bad_nodes = false;

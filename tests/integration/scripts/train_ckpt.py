@@ -37,6 +37,11 @@ p.add_argument("--kill-node-step", type=int, default=-1,
                help="at this step (first attempt) --kill-rank's whole node is lost: its agent is "
                     "SIGKILLed and its shared memory removed, after the step was saved everywhere")
 p.add_argument("--step-time", type=float, default=0.02)
+p.add_argument("--trigger", default=None,
+               help="the --kill-step / --kill-node-step fault comes at the first step after this file exists "
+                    "(rank 0 looks; every rank learns it through an allreduce) instead of at a fixed step")
+p.add_argument("--kill-rank-node", action="store_true",
+               help="with --trigger: the fault is the loss of --kill-rank's node, not of the rank alone")
 p.add_argument("--shard-momentum", action="store_true",
                help="save the momentum as each rank's slice of one flat vector (ballast.Shard, as a "
                     "ZeRO optimizer would) and load this world's slices (resharded when it changed)")
@@ -152,7 +157,20 @@ if state is not None:
 
 
 
+def triggered():
+    flag = torch.tensor([1 if rank == 0 and os.path.exists(args.trigger) else 0])
+    dist.all_reduce(flag)
+    return bool(flag.item())
+
+
 for step in range(start, args.steps):
+    if args.trigger and restart == 0 and args.kill_step < 0 and args.kill_node_step < 0 and triggered():
+        if rank == 0:
+            os.unlink(args.trigger)  # once: a replacement's workers start with restart 0 too
+        if args.kill_rank_node:
+            args.kill_node_step = step
+        else:
+            args.kill_step = step
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(16, 512, generator=g)
     y = torch.randn(16, 512, generator=g)
@@ -167,6 +185,7 @@ for step in range(start, args.steps):
     }
     kill_now = step == args.kill_step and restart == 0
     ckpt.save(step, state, persist=not kill_now)
+    ballast.step(step)  # progress reports (the agent's recovery timeline counts to the first step)
     log("step", step=step, loss=float(loss), sha256=weights_sha256(), momentum=momentum_sha256())
     if step == args.kill_node_step and restart == 0:
         dist.barrier()

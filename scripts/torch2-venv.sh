@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds (once) the torch 2.x runtime Ballast is tested with: a venv of
+# Debian's /usr/bin/python3 with PyPI's torch pinned below, cached under a
+# versioned name so a machine reinstalls only when the pin changes. Prints the
+# venv's python on stdout; progress goes to stderr.
+#
+#   scripts/torch2-venv.sh            -> ~/.cache/ballast/torch-2.15.0-py3.11/bin/python
+#   scripts/torch2-venv.sh --path     prints that path, builds nothing (CMake's
+#                                     configure step: the tests' BALLAST_TORCH2_PYTHON)
+#
+# The default torch wheel brings the CUDA runtime libraries (~5 GB installed,
+# minutes to download); it runs on CPU with gloo, as the tests do.
+set -euo pipefail
+TORCH_VERSION=2.15.0
+NUMPY_VERSION=2.4.6
+PY=/usr/bin/python3
+pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+cache=${BALLAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ballast}
+venv="$cache/torch-$TORCH_VERSION-py$pyver"
+stamp="$venv/.ballast-ready"
+if [ "${1:-}" = "--path" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+if [ -f "$stamp" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+echo "ballast: building the torch $TORCH_VERSION venv in $venv (once; ~5 GB, several minutes)" >&2
+mkdir -p "$cache"
+# Built in place; the stamp, written last, says it is whole. A venv without
+# it (an install cut short) is removed and built again.
+rm -rf "$venv"
+"$PY" -m venv "$venv" >&2 || {
+  echo "ballast: '$PY -m venv' failed: install python3-venv (apt-get install python3-venv)" >&2; exit 1; }
+# pip prints a progress bar per wheel; keep it, it is the only sign of life
+# during a 5 GB download.
+"$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on \
+  "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" >&2 || {
+  echo "ballast: pip could not install torch==$TORCH_VERSION from PyPI into $venv (network? disk: df -h $cache)" >&2; exit 1; }
+"$venv/bin/python" - >&2 <<PYEOF
+import torch, torch.distributed as dist
+assert torch.__version__.startswith("$TORCH_VERSION"), torch.__version__
+assert dist.is_available() and dist.is_gloo_available()
+print("ballast: torch", torch.__version__, "ready")
+PYEOF
+touch "$stamp"
+echo "$venv/bin/python"
