@@ -24,7 +24,7 @@ world size (see ballast.sampler).
 
 from ballast._ballast import CheckpointCorruptError
 from ballast._tree import Shard
-from ballast.checkpoint import Checkpointer, read_checkpoint
+from ballast.checkpoint import Checkpointer, CheckpointLostError, read_checkpoint
 from ballast import progress
 from ballast._ballast import step
 from ballast.sampler import ElasticSampler
@@ -33,5 +33,5 @@ progress.install_stack_dump_handler()
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "read_checkpoint", "step", "progress",
+__all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "CheckpointLostError", "read_checkpoint", "step", "progress",
            "ElasticSampler", "__version__"]

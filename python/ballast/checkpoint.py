@@ -49,6 +49,39 @@ def _dist():
     return None
 
 
+class CheckpointLostError(RuntimeError):
+    """No checkpoint covers some ranks of the new world while others hold a
+    newer step: starting over would silently lose that training. Raised by
+    ``Checkpointer.load()`` unless a fresh start was allowed
+    (``load(allow_fresh_start=True)`` or ``BALLAST_ALLOW_FRESH_START=1``).
+    Under an agent the job then fails with this message (it is not retried)."""
+
+
+def _ranges(ranks):
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, run = [], []
+    for r in sorted(ranks):
+        if run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [r]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ", ".join(out)
+
+
+def _all_gather_int(d, value, world):
+    """Every rank's `value` (an int), in rank order."""
+    t = torch.tensor([value], dtype=torch.int64)
+    if d.get_backend() == "nccl":
+        t = t.cuda()
+    parts = [torch.zeros_like(t) for _ in range(world)]
+    d.all_gather(parts, t)
+    return [int(p.item()) for p in parts]
+
+
 def _all_reduce_min(d, values):
     """The element-wise minimum of `values` (ints) over the world's ranks."""
     t = torch.tensor(values, dtype=torch.int64)
@@ -600,7 +633,7 @@ class Checkpointer:
 
     # -- load ------------------------------------------------------------------
 
-    def load(self, shards=None, *, step=None, device=None, into=None):
+    def load(self, shards=None, *, step=None, device=None, into=None, allow_fresh_start=None):
         """Loads the newest checkpoint: ``(step, state_dict)``, or ``(None, None)``.
 
         Memory is used when its step is the newest step that every rank holds
@@ -629,6 +662,13 @@ class Checkpointer:
                 allocation or a ``load_state_dict`` copy, the way
                 torch.distributed.checkpoint loads. The returned state holds
                 those tensors; plain values come back as saved.
+            allow_fresh_start: when no checkpoint (memory, replica, disk)
+                covers some ranks while other ranks hold a step in memory,
+                return ``(None, None)`` (every rank starts over) instead of
+                raising CheckpointLostError. Default: ``BALLAST_ALLOW_FRESH_START=1``
+                in the environment, else False. When the disk holds an older
+                step than memory does, every rank loads that step and a
+                warning names the steps lost.
 
         Memory is verified as it is copied (one pass over the data, not two);
         a corrupt in-memory step makes every rank load from disk.
@@ -697,11 +737,13 @@ class Checkpointer:
             got = self._load_exchange(d, step, rank, world, disk_max, shards, targets, device)
             if got is not None:
                 return got
+        if disk_min < 0 and disk_max >= 0:
+            raise RuntimeError(
+                f"some ranks find no checkpoint in {self.dir} while others find step "
+                f"{disk_max}: every rank must see the same checkpoint directory")
+        if d is not None and step is None:
+            self._check_lost(d, rank, world, mem_step, disk_min, allow_fresh_start)
         if disk_min < 0:
-            if disk_max >= 0:
-                raise RuntimeError(
-                    f"some ranks find no checkpoint in {self.dir} while others find step "
-                    f"{disk_max}: every rank must see the same checkpoint directory")
             self.last_load_source = None
             return None, None
         # Every rank loads the newest step on disk. A rank that still holds
@@ -722,6 +764,38 @@ class Checkpointer:
         state = self._load_disk(disk_min, rank, device, shards, targets)
         self.last_load_source = "disk"
         return disk_min, state
+
+    def _check_lost(self, d, rank, world, mem_step, disk_step, allow_fresh_start):
+        """Memory could not serve the world: when some ranks hold a newer step
+        than the disk's (disk_step, -1: none), say what is lost. No step at
+        all on disk: raise CheckpointLostError (every rank alike) unless a
+        fresh start was allowed; an older one: warn (rank 0)."""
+        held = _all_gather_int(d, mem_step, world)
+        newest = max(held)
+        if newest <= disk_step:
+            return
+        holders = [r for r, s in enumerate(held) if s == newest]
+        missing = [r for r, s in enumerate(held) if s < newest]
+        what = (f"ranks {_ranges(holders)} hold step {newest} in memory, but no checkpoint in memory, in a "
+                f"peer's replica or on disk covers step {newest} for ranks {_ranges(missing)} of this world "
+                f"of {world}")
+        if disk_step >= 0:
+            if rank == 0:
+                warnings.warn(f"{what}: every rank resumes from step {disk_step} on disk "
+                              f"({newest - disk_step} step(s) of training are repeated)")
+            return
+        if allow_fresh_start is None:
+            allow_fresh_start = os.environ.get("BALLAST_ALLOW_FRESH_START", "") == "1"
+        if allow_fresh_start:
+            if rank == 0:
+                warnings.warn(f"{what}, and none is on disk in {self.dir}: every rank starts over from "
+                              f"step 0 (allowed by allow_fresh_start / BALLAST_ALLOW_FRESH_START=1)")
+            return
+        raise CheckpointLostError(
+            f"{what}, and none is on disk in {self.dir}: starting every rank from step 0 would lose "
+            f"{newest + 1} step(s) of training. Keep peer replicas on (--ckpt-replicas 1, the default) or "
+            f"persist steps to disk (save(..., persist=True)); to start over anyway, call "
+            f"load(allow_fresh_start=True) or set BALLAST_ALLOW_FRESH_START=1")
 
     def _inventory(self, step):
         """[_Image] of every step this rank can read in memory: its own

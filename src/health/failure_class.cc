@@ -44,6 +44,10 @@ const Rule kRules[] = {
      kNetworkRetries},
     {"store-timeout", FailureKind::kStoreTimeout, StoreTimeout, 0, nullptr, "the process group did not form",
      kNetworkRetries},
+    // Training would silently start over (python/ballast/checkpoint.py):
+    // a restart finds the same checkpoints, so the job stops and says why.
+    {"checkpoint-lost", FailureKind::kCheckpointLost, nullptr, 0, R"(CheckpointLostError: )",
+     "the training state is lost", 0},
     {"oom-killer", FailureKind::kOomKilled, OomKilled, 0, nullptr, "killed by the kernel's OOM killer",
      kOomRetries},
     {"cuda-oom", FailureKind::kOutOfMemory, nullptr, 0,
@@ -141,12 +145,13 @@ const char* FailureKindName(FailureKind kind) {
     case FailureKind::kUnreachable: return "unreachable";
     case FailureKind::kStoreTimeout: return "store-timeout";
     case FailureKind::kNodeLost: return "node-lost";
+    case FailureKind::kCheckpointLost: return "checkpoint-lost";
   }
   return "unknown";
 }
 
 std::optional<FailureKind> ParseFailureKind(std::string_view name) {
-  for (int k = 0; k <= static_cast<int>(FailureKind::kNodeLost); ++k) {
+  for (int k = 0; k <= static_cast<int>(FailureKind::kCheckpointLost); ++k) {
     if (name == FailureKindName(static_cast<FailureKind>(k))) return static_cast<FailureKind>(k);
   }
   return std::nullopt;

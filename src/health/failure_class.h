@@ -29,6 +29,7 @@ enum class FailureKind {
   kUnreachable,  // this node cannot reach the round's MASTER_ADDR
   kStoreTimeout, // the workers' process group did not form in time
   kNodeLost,     // the master lost the whole node (its failure record; no worker reports it)
+  kCheckpointLost,  // ballast's Checkpointer.load(): no checkpoint covers some ranks (not retried)
 };
 
 // What the supervisor knows about one failure.
@@ -57,7 +58,7 @@ FailureClass Classify(const FailureEvidence& evidence);
 
 // "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
 // "cuda-error", "nccl-error", "hang", "check-failed", "unreachable",
-// "store-timeout", "node-lost".
+// "store-timeout", "node-lost", "checkpoint-lost".
 const char* FailureKindName(FailureKind kind);
 // The kind a name stands for (FailureKindName's inverse); nullopt for any
 // other text.

@@ -80,6 +80,17 @@ TEST(Classify, UnreachableAddressAndStoreTimeoutGetOneRetry) {
   EXPECT_STREQ(FailureKindName(t.kind), "store-timeout");
 }
 
+TEST(Classify, LostCheckpointIsNotRetried) {
+  FailureClass c = Classify({.exit_code = 1,
+                             .stderr_tail = "Traceback (most recent call last):\n"
+                                            "ballast.checkpoint.CheckpointLostError: ranks 0-3 hold step 17 in "
+                                            "memory, but no checkpoint ... covers step 17 for ranks 4-5"});
+  EXPECT_EQ(c.kind, FailureKind::kCheckpointLost);
+  EXPECT_EQ(c.max_retries, 0);
+  EXPECT_THAT(c.cause, ::testing::HasSubstr("ranks 0-3 hold step 17"));
+  EXPECT_STREQ(FailureKindName(c.kind), "checkpoint-lost");
+}
+
 TEST(Classify, LongMatchingLineIsTrimmed) {
   std::string tail = "NCCL error " + std::string(500, 'x');
   EXPECT_LE(Classify({.exit_code = 1, .stderr_tail = tail}).cause.size(), 220u);
@@ -91,7 +102,7 @@ TEST(FailureKindName, Names) {
 }
 
 TEST(FailureKindName, ParseIsItsInverseAndRefusesOtherText) {
-  for (int k = 0; k <= static_cast<int>(FailureKind::kNodeLost); ++k) {
+  for (int k = 0; k <= static_cast<int>(FailureKind::kCheckpointLost); ++k) {
     const auto kind = static_cast<FailureKind>(k);
     EXPECT_EQ(ParseFailureKind(FailureKindName(kind)), kind) << FailureKindName(kind);
   }

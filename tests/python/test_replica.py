@@ -108,6 +108,41 @@ class PeerReplicas(TestCase):
         self.assertEqual(self.final_hashes(out), self.final_hashes(ref_out))
         self.assertEqual(len(self.final_hashes(out)), 4)
 
+    def test_no_checkpoint_for_the_lost_node_fails_the_job_instead_of_starting_over(self):
+        # Nothing on disk, no replicas: the replacement's ranks have no step
+        # while the survivors hold the kill step in memory. Every rank's
+        # load() raises CheckpointLostError naming them, and the job fails
+        # at once (not retried) with that message.
+        out = os.path.join(self.tmp, "lost")
+        os.makedirs(out)
+        argv = [BIN, "launch", "--python", PYTHON, "--nodes", "3", "--nproc-per-node", "2", "--max-restarts", "2",
+                "--ckpt-replicas", "0", SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"),
+                "--steps", str(STEPS), "--step-time", "0.05", "--no-persist",
+                "--kill-node-step", str(KILL_STEP), "--kill-rank", "2"]
+        p = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=240)
+        log = p.stdout
+        self.assertEqual(p.returncode, 1, log[-6000:])
+        want = (f"ranks 0-1, 4-5 hold step {KILL_STEP} in memory, but no checkpoint in memory, in a peer's "
+                f"replica or on disk covers step {KILL_STEP} for ranks 2-3")
+        self.assertIn(want, log)
+        self.assertIn("checkpoint-lost failures are retried at most 0 time(s)", log)
+        for rank in range(WORLD):  # nobody trained on from step 0
+            self.assertEqual([e["step"] for e in events(out, rank, "load")], [None], f"rank {rank}")
+
+        # Allowed: every rank starts over and the job finishes.
+        out = os.path.join(self.tmp, "fresh")
+        os.makedirs(out)
+        argv[argv.index("--out") + 1] = out
+        argv[argv.index("--ckpt") + 1] = os.path.join(out, "ckpt")
+        p = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1", BALLAST_ALLOW_FRESH_START="1"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+        self.assertEqual(p.returncode, 0, p.stdout[-6000:])
+        self.assertIn("every rank starts over from step 0 (allowed by", p.stdout)
+        for rank in range(WORLD):
+            self.assertEqual(events(out, rank, "load")[-1]["step"], None, f"rank {rank}")
+            self.assertEqual(len(events(out, rank, "done")), 1, f"rank {rank}")
+
     def test_without_replicas_survivors_read_memory_and_the_replacement_disk(self):
         out = os.path.join(self.tmp, "norep")
         log = self.launch(out, "--ckpt-replicas", "0")

@@ -40,6 +40,7 @@ p.add_argument("--step-time", type=float, default=0.02)
 p.add_argument("--trigger", default=None,
                help="the --kill-step / --kill-node-step fault comes at the first step after this file exists "
                     "(rank 0 looks; every rank learns it through an allreduce) instead of at a fixed step")
+p.add_argument("--no-persist", action="store_true", help="keep every step in memory only (nothing on disk)")
 p.add_argument("--kill-rank-node", action="store_true",
                help="with --trigger: the fault is the loss of --kill-rank's node, not of the rank alone")
 p.add_argument("--shard-momentum", action="store_true",
@@ -184,15 +185,17 @@ for step in range(start, args.steps):
         "step": step,
     }
     kill_now = step == args.kill_step and restart == 0
-    ckpt.save(step, state, persist=not kill_now)
+    ckpt.save(step, state, persist=not kill_now and not args.no_persist)
     ballast.step(step)  # progress reports (the agent's recovery timeline counts to the first step)
     log("step", step=step, loss=float(loss), sha256=weights_sha256(), momentum=momentum_sha256())
-    if step == args.kill_node_step and restart == 0:
+    node_lost_once = os.path.join(args.out, "node-lost")  # a world that starts over must not lose it again
+    if step == args.kill_node_step and restart == 0 and not os.path.exists(node_lost_once):
         dist.barrier()
         time.sleep(1.0)  # the agents copy the step to their peers meanwhile (milliseconds)
         dist.barrier()
         if rank == args.kill_rank:
             log("kill-node", step=step)
+            open(node_lost_once, "w").close()
             # A lost host: its memory goes with it (every store of this agent,
             # and the replicas it held for others).
             prefix = os.environ["BALLAST_CKPT_SHM"].rsplit("-", 1)[0]
