@@ -24,7 +24,6 @@
 #include "common/chaos.h"
 #include "health/failure_class.h"
 #include "health/stack_dump.h"
-#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -496,7 +495,14 @@ int Agent::Run() {
   // The check servers and the warm interpreters import torch while the
   // rendezvous completes.
   if (options_.run.precheck) precheck_->Warm();
-  PrepareWarm();
+  if (warm_ != nullptr) {
+    warm_starter_ = std::make_unique<WarmStarter>(
+        warm_.get(), workers_.get(), options_.run.nproc_per_node,
+        WarmKv{[this](const std::string& k) { return client_->KvGet(k, 0); },
+               [this](const std::string& k, const std::string& v) { return client_->KvSet(k, v); }},
+        [this] { return Fmt(); });
+    warm_starter_->PrepareNow();
+  }
 
   client_->StartWatch(
       options_.node_id, [this](const v1::Decision& d) { Post(d); },
@@ -711,10 +717,10 @@ void Agent::StartRound(const v1::StartRound& start) {
     spdlog::debug("ignoring StartRound {}: already at round {} node={}", start.round(), round_, options_.node_id);
     return;
   }
-  timeline_.decision_ns = MonotonicNowNs();
+  timeline_.DecisionArrived(MonotonicNowNs());
   // Older workers go first: a new round never overlaps the old one.
   StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_), Breakpoint::kBackground);
-  timeline_.stopped_ns = MonotonicNowNs();
+  timeline_.OldWorkersStopped(MonotonicNowNs());
   round_ = start.round();
   round_start_ = start;
   if (ckpt_ != nullptr) ckpt_->set_round(round_);
@@ -796,9 +802,8 @@ void Agent::StartRound(const v1::StartRound& start) {
   }
   running_round_ = true;
   oom_kills_seen_ = health::CgroupOomKills();
-  timeline_.started_ns = MonotonicNowNs();
-  timeline_.pending = true;
-  warm_due_ns_ = warm_ != nullptr ? timeline_.started_ns + kWarmPrepareFallbackNs : 0;
+  timeline_.WorkersStarted(MonotonicNowNs());
+  if (warm_starter_ != nullptr) warm_starter_->WorkersStarted(timeline_.started_ns());
   store_watch_ = StoreWatch{};
   if (start.rank_offset() == 0 && start.world_size() > 1) {
     store_watch_.port = rs.master_port;
@@ -854,9 +859,7 @@ std::optional<int> Agent::PollWorkers() {
       if (!round_failed_reported_) MaybeReportProgress(/*now_please=*/true);
       // The first failure of this round (one left from a round whose first
       // step never came is stale).
-      if (timeline_.failure_ns == 0 || timeline_.failure_ns < timeline_.started_ns) {
-        timeline_.failure_ns = MonotonicNowNs();
-      }
+      timeline_.FailureSeen(MonotonicNowNs());
       if (!e.stderr_tail.empty()) spdlog::debug("last stderr lines of rank {}:\n{}", e.global_rank, e.stderr_tail);
       // One report per round: the master restarts the whole round on the first
       // failure, and the others are usually its consequence.
@@ -906,144 +909,38 @@ std::optional<int> Agent::PollWorkers() {
     MaybeReportProgress();
     TrackTimeline();
   }
-  if (warm_ != nullptr) {
-    if (running_round_) LearnWarmModules();
-    warm_->Poll();
-    if (warm_->disabled() && !warm_disabled_logged_) {
-      warm_disabled_logged_ = true;
-      spdlog::warn("warm restart off for this node: {}; workers start cold {}", warm_->disabled_reason(), Fmt());
-    }
-    if (warm_due_ns_ != 0 && MonotonicNowNs() >= warm_due_ns_) {
-      warm_due_ns_ = 0;
-      PrepareWarm();
-      // What the workers imported so far, and again later for what their
-      // first steps bring (the first step itself asks too).
-      workers_->RequestModules();
-      learn_asks_ = 0;
-      learn_again_ns_ = MonotonicNowNs() + kLearnAgainNs[0];
-    }
-    if (!warm_ready_logged_ && !warm_->disabled()) {
-      bool all = true;
-      for (int lr = 0; lr < options_.run.nproc_per_node; ++lr) all = all && warm_->ready(lr);
-      if (all) {
-        warm_ready_logged_ = true;
-        spdlog::info("warm interpreters ready for the next (re)start ({} local ranks, {} modules the workers "
-                     "imported preloaded) {}",
-                     options_.run.nproc_per_node, warm_->preloaded().size(), Fmt());
-      }
-    }
-  }
+  if (warm_starter_ != nullptr) warm_starter_->Poll(MonotonicNowNs(), running_round_);
   return std::nullopt;
 }
 
-void Agent::PrepareWarm() {
-  if (warm_ == nullptr || warm_->disabled()) return;
-  if (!warm_learned_fetched_) {
-    // A node that joins a running job (a replacement) preloads what the
-    // other nodes' workers imported, so its first start is as warm as theirs.
-    warm_learned_fetched_ = true;
-    if (absl::StatusOr<std::string> v = client_->KvGet(kWarmModulesKey, 0); v.ok()) {
-      nlohmann::json names = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
-      std::vector<std::string> modules;
-      if (names.is_array()) {
-        for (const nlohmann::json& n : names) {
-          if (n.is_string()) modules.push_back(n.get<std::string>());
-        }
-      }
-      warm_->Preload(modules);
-    }
-  }
-  warm_ready_logged_ = false;
-  const std::map<std::string, std::string> env = workers_->InterpreterEnvironment();
-  for (int lr = 0; lr < options_.run.nproc_per_node; ++lr) {
-    if (absl::Status s = warm_->Prepare(lr, env); !s.ok()) {
-      spdlog::warn("cannot start a warm interpreter for local rank {}: {} {}", lr, std::string(s.message()), Fmt());
-      return;
-    }
-  }
-}
-
-void Agent::LearnWarmModules() {
-  if (learn_again_ns_ != 0 && MonotonicNowNs() >= learn_again_ns_) {
-    workers_->RequestModules();
-    ++learn_asks_;
-    learn_again_ns_ = learn_asks_ < std::size(kLearnAgainNs) ? MonotonicNowNs() + kLearnAgainNs[learn_asks_] : 0;
-  }
-  workers_->ReadControl();
-  std::vector<std::string> learned = workers_->TakeLearnedModules();
-  const size_t before = warm_->preloaded().size();
-  if (!learned.empty()) warm_->Preload(learned);
-  if (warm_->preloaded().size() == before) return;
-  warm_ready_logged_ = false;
-  // For the nodes that join later (replacements). Best effort.
-  nlohmann::json names = warm_->preloaded();
-  if (absl::Status s = client_->KvSet(kWarmModulesKey, names.dump()); !s.ok()) {
-    spdlog::debug("cannot publish the learned warm modules: {} {}", s.ToString(), Fmt());
-  }
-}
-
 void Agent::TrackTimeline() {
-  if (!timeline_.pending) return;
+  if (!timeline_.pending()) return;
   workers_->ReadControl();
-  const std::vector<WorkerInfo> workers = workers_->Workers();
-  double pg_up_s = -1;
-  bool all_stepped = !workers.empty() && progress_ != nullptr;
-  bool all_pg_up = !workers.empty();
-  int running = 0;
-  for (const WorkerInfo& w : workers) {
+  std::vector<RecoveryTimeline::Worker> running;
+  for (const WorkerInfo& w : workers_->Workers()) {
     if (w.state != WorkerState::kRunning) continue;
-    ++running;
-    pg_up_s = std::max(pg_up_s, w.pg_up_s);
-    all_pg_up = all_pg_up && w.pg_up_s > 0;
-    if (progress_ == nullptr || w.local_rank >= progress_->num_cells() ||
-        progress_->Read(w.local_rank).timestamp_ns <= timeline_.started_ns) {
-      all_stepped = false;
-    }
+    const bool stepped = progress_ != nullptr && w.local_rank < progress_->num_cells() &&
+                         progress_->Read(w.local_rank).timestamp_ns > timeline_.started_ns();
+    running.push_back({w.pg_up_s, stepped});
   }
-  if (running == 0) return;  // exited before a step: no timeline
+  const uint64_t now = MonotonicNowNs();
+  const bool recovery = round_start_.restart_count() > 0 || round_ > 1;
+  RecoveryTimeline::Progress p = timeline_.Track(running, now, round_, recovery, workers_->start_summary());
   // The workers' process groups are up (warm workers say so): their start
   // is past its CPU-heavy part, so the next restart's interpreters may
   // start importing now (a script that never calls ballast.step() would
   // otherwise wait for the fallback).
-  if (all_pg_up && warm_due_ns_ != 0) warm_due_ns_ = std::min(warm_due_ns_, MonotonicNowNs());
-  if (!all_stepped) return;
-  const uint64_t first_step_ns = MonotonicNowNs();
-  timeline_.pending = false;
+  if (p.all_pg_up && warm_starter_ != nullptr) warm_starter_->ProcessGroupsUp(now);
+  if (!p.record.has_value()) return;
   // The round's first step, for the master's goodput accountant: every
   // worker made one (the lowest step now; a worker may be a step further).
-  first_step_ = FirstStep{round_, first_step_ns, progress_->Summarize().min_step};
+  first_step_ = FirstStep{round_, now, progress_->Summarize().min_step};
   // Warm interpreters for the next restart may start now, and import what
-  // these workers imported after their start (asked again later for what
-  // the first steps after this one bring).
-  if (warm_due_ns_ != 0) warm_due_ns_ = first_step_ns;
-  if (warm_ != nullptr) workers_->RequestModules();
-  const bool recovery = timeline_.failure_ns != 0 || round_start_.restart_count() > 0 || round_ > 1;
-  const uint64_t t0 = timeline_.failure_ns != 0 ? timeline_.failure_ns : timeline_.decision_ns;
-  auto ms = [&](uint64_t t) { return absl::StrCat("+", static_cast<int64_t>((static_cast<double>(t) - t0) / 1e6), " ms"); };
-  std::string line;
-  if (timeline_.failure_ns != 0) absl::StrAppend(&line, "worker failure seen 0 ms, ");
-  absl::StrAppend(&line, "round decision ", timeline_.failure_ns != 0 ? ms(timeline_.decision_ns) : "0 ms",
-                  ", old workers stopped ", ms(timeline_.stopped_ns), ", new workers started ",
-                  ms(timeline_.started_ns));
-  if (pg_up_s > 0) absl::StrAppend(&line, ", process group up ", ms(static_cast<uint64_t>(pg_up_s * 1e9)));
-  absl::StrAppend(&line, ", first step ", ms(first_step_ns));
-  // For `ballast status` (sent with the progress reports).
-  auto rel_ms = [&](uint64_t t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1e6; };
-  v1::StartTimeline& tl = last_timeline_;
-  tl.Clear();
-  tl.set_round(round_);
-  tl.set_recovery(recovery);
-  tl.set_start(workers_->start_summary());
-  tl.set_failure_seen(timeline_.failure_ns != 0);
-  tl.set_decision_ms(rel_ms(timeline_.decision_ns));
-  tl.set_stopped_ms(rel_ms(timeline_.stopped_ns));
-  tl.set_started_ms(rel_ms(timeline_.started_ns));
-  if (pg_up_s > 0) tl.set_pg_up_ms(rel_ms(static_cast<uint64_t>(pg_up_s * 1e9)));
-  tl.set_first_step_ms(rel_ms(first_step_ns));
-  next_progress_report_ns_ = 0;  // report it now
-  spdlog::info("{} timeline (round {}, {} start): {} {}", recovery ? "recovery" : "start", round_,
-               workers_->start_summary(), line, Fmt());
-  timeline_.failure_ns = 0;
+  // these workers imported after their start.
+  if (warm_starter_ != nullptr) warm_starter_->FirstStep(now);
+  last_timeline_ = *std::move(p.record);  // for `ballast status` (sent with the progress reports)
+  next_progress_report_ns_ = 0;           // report it now
+  spdlog::info("{} {}", *p.line, Fmt());
 }
 
 void Agent::CheckHangs() {
@@ -1127,7 +1024,7 @@ void Agent::CheckHangs() {
                 w.global_rank, w.local_rank, round_,
                 blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "");
   kill(-w.pid, SIGKILL);
-  if (timeline_.failure_ns == 0 || timeline_.failure_ns < timeline_.started_ns) timeline_.failure_ns = MonotonicNowNs();
+  timeline_.FailureSeen(MonotonicNowNs());
   // Reported now, with the hang as its cause; the reaped SIGKILL (and the
   // other workers' failures that follow it) are then consequences.
   round_failed_reported_ = true;

@@ -32,8 +32,10 @@
 #include "agent/master_client.h"
 #include "agent/precheck_runner.h"
 #include "agent/progress_monitor.h"
+#include "agent/recovery_timeline.h"
 #include "agent/replica.h"
 #include "agent/run_options.h"
+#include "agent/warm_starter.h"
 #include "agent/worker_group.h"
 #include "ballast/v1/master.pb.h"
 #include "common/net.h"
@@ -193,13 +195,6 @@ class Agent {
   void CheckHangs();
   // Every progress_report_interval_s (or now): the node's min step and step time.
   void MaybeReportProgress(bool now_please = false);
-  // Starts a warm interpreter per local rank for the next (re)start.
-  void PrepareWarm();
-  // Hands the modules the running warm workers imported after their start
-  // (asked when the warm interpreters are prepared, at the first step and
-  // kLearnAgainNs later) to the warm pool, and
-  // publishes the list for nodes that join later (kWarmModulesKey).
-  void LearnWarmModules();
   // The recovery timeline: logs, once the round's workers all stepped, when
   // each stage of the (re)start happened (see Timeline).
   void TrackTimeline();
@@ -211,6 +206,8 @@ class Agent {
   // --no-python. Declared before workers_, which points to it.
   std::unique_ptr<WarmPool> warm_;
   std::unique_ptr<WorkerGroup> workers_;
+  // When warm_'s interpreters are prepared and what they preload (after Join).
+  std::unique_ptr<WarmStarter> warm_starter_;
   // Null when flash checkpoint is off or /dev/shm is unusable. Declared after
   // client_ so it is destroyed first (its thread reports through client_).
   std::unique_ptr<CkptPersister> ckpt_;
@@ -241,31 +238,7 @@ class Agent {
   StoreWatch store_watch_;
   uint64_t next_store_check_ns_ = 0;
   v1::StartRound round_start_;  // the StartRound of round_
-  // When the warm interpreters for the next restart are started: once the
-  // round's workers stepped or their process groups are up (or 3 s after
-  // they started), so their imports do not compete with this start. 0 = done
-  // for this round.
-  uint64_t warm_due_ns_ = 0;
-  static constexpr uint64_t kWarmPrepareFallbackNs = 3'000'000'000ull;
-  bool warm_disabled_logged_ = false;
-  // When to ask the workers again which modules they imported (0: not):
-  // kLearnAgainNs[i] after the i-th ask of the round (the first comes when
-  // the warm interpreters are prepared).
-  uint64_t learn_again_ns_ = 0;
-  size_t learn_asks_ = 0;
-  static constexpr uint64_t kLearnAgainNs[] = {2'000'000'000ull, 8'000'000'000ull, 20'000'000'000ull};
-  static constexpr char kWarmModulesKey[] = "warm/modules";
-  bool warm_learned_fetched_ = false;  // kWarmModulesKey read once, at the first PrepareWarm
-  bool warm_ready_logged_ = true;  // false from PrepareWarm until all say ready
-  // One (re)start's stages, CLOCK_MONOTONIC ns (0 = not seen).
-  struct Timeline {
-    uint64_t failure_ns = 0;   // this node saw a worker fail
-    uint64_t decision_ns = 0;  // the StartRound arrived
-    uint64_t stopped_ns = 0;   // the old workers were stopped
-    uint64_t started_ns = 0;   // the new workers were started (exec'd or handed to warm interpreters)
-    bool pending = false;      // waiting for the first step
-  };
-  Timeline timeline_;
+  RecoveryTimeline timeline_;  // the current (re)start's stages
   v1::StartTimeline last_timeline_;  // the last completed one, for the master's status
   // When the round's workers had all made a step, and the (lowest) step then.
   struct FirstStep {

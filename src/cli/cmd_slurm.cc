@@ -151,6 +151,7 @@ int SlurmCommand(const Args& args) {
   so.allocation = *alloc;
   so.tools = tools;
   so.node_state_poll_s = Tunables::Get().slurm_node_state_poll_s;
+  so.spares = spares;
   so.command_for = [&](const scheduler::NodeRequest& r) {
     scheduler::LocalCommand cmd = AgentCommand(f, m, r);
     cmd.argv.insert(cmd.argv.begin(), srun_args.begin(), srun_args.end());

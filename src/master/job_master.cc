@@ -450,10 +450,24 @@ void JobMaster::LoseNodes(const std::vector<NodeId>& ids, NodeState how,
   }
   goodput_.Failure(now);
   std::optional<World> world = FormAdmissible();
+  // Waiting nodes (hot spares, early replacements) the new world takes in.
+  std::vector<NodeId> promoted;
+  if (world.has_value()) {
+    for (const auto& m : world->members) {
+      if (!IsMember(m.node_id)) promoted.push_back(m.node_id);
+    }
+  }
+  const std::string promoted_text =
+      promoted.empty() ? ""
+                       : absl::StrCat(promoted.size() == 1 ? "spare node " : "spare nodes ", JoinNodeIds(promoted, ", "),
+                                      promoted.size() == 1 ? " takes" : " take", " the place of ",
+                                      gone.size() == 1 ? "node " : "nodes ", JoinNodeIds(gone, ", "));
   for (auto& r : broke) {
     r.set_round(round_.value());
     r.set_at_s(now - start_time_);
-    r.set_action(world.has_value() ? "scale down" : "wait for nodes");
+    r.set_action(!world.has_value() ? "wait for nodes"
+                 : promoted.empty()  ? "scale down"
+                                     : absl::StrCat("spare ", JoinNodeIds(promoted, ", "), " promoted"));
     AddFailure(std::move(r));
   }
   std::string context =
@@ -463,8 +477,19 @@ void JobMaster::LoseNodes(const std::vector<NodeId>& ids, NodeState how,
   // Recovery speed matters: no last call when the rest still makes a world.
   // The membership change does not use up a restart.
   if (world.has_value()) {
-    StartRound(*world, /*is_restart=*/false,
-               absl::StrCat("scale down to ", world->num_nodes(), " nodes ", context));
+    const int before = world_.num_nodes();
+    std::string why;
+    if (promoted.empty()) {
+      why = absl::StrCat("scale down to ", world->num_nodes(), " nodes ", context);
+    } else {
+      for (const auto& id : promoted) events_.Append("spare_promoted", round_.value() + 1, id.str(), promoted_text);
+      spdlog::info("job={} round={} {} ({})", options_.job_id, round_, promoted_text, context);
+      why = world->num_nodes() == before
+                ? absl::StrCat(promoted_text, " (the world stays at ", before, " nodes) ", context)
+                : absl::StrCat(promoted_text, "; ", world->num_nodes() < before ? "scale down" : "scale up", " to ",
+                               world->num_nodes(), " nodes ", context);
+    }
+    StartRound(*world, /*is_restart=*/false, why);
     return;
   }
   EnterBelowMin(context, now);

@@ -660,7 +660,16 @@ TEST_F(JobMasterTest, FirstRoundWaitsForSparesOnlyForTheLastCall) {
   v1::LeaveRequest leave;
   leave.set_node_id("a");
   ASSERT_TRUE(jm_->Leave(leave).ok());
-  EXPECT_EQ(jm_->Status().round(), 2);
+  v1::JobStatus st = jm_->Status();
+  EXPECT_EQ(st.round(), 2);
+  // Said as what it is: a promotion, not a scale-down (the world stays at 2).
+  EXPECT_THAT(st.message(), HasSubstr("spare node c takes the place of node a (the world stays at 2 nodes)"));
+  EXPECT_THAT(st.message(), Not(HasSubstr("scale down")));
+  ASSERT_GT(st.failures_size(), 0);
+  EXPECT_EQ(st.failures(st.failures_size() - 1).action(), "spare c promoted");
+  bool event = false;
+  for (const auto& e : jm_->events().After(0, 0)) event = event || (e.kind() == "spare_promoted" && e.node_id() == "c");
+  EXPECT_TRUE(event);
 }
 
 TEST_F(JobMasterTest, NodeUnitKeepsLateNodeWaitingUntilAUnitIsComplete) {

@@ -156,6 +156,10 @@ class LostNodes(SlurmJobTest):
         self.assertEqual(self.agent_starts(victim), 1, log)
         self.assertEqual(self.agent_starts(spare), 1, log)
         self.assertRegex(log, rf"node {victim} \(node rank \d\) is gone")
+        # Said as a promotion: the world stays at 3 nodes, the allocation had its spare.
+        self.assertIn(f"spare node {spare} takes the place of node {victim} (the world stays at 3 nodes)", log)
+        self.assertNotIn("scale down to 3 nodes", log)
+        self.assertNotIn("sbatch -N MAX+SPARES", log)
         last_round = max(e["round"] for e in events(self.out, "start"))
         self.assertGreater(last_round, 1, log)
         self.assertLess(time.time() - killed_at, 240)

@@ -125,7 +125,10 @@ absl::Status SlurmScheduler::LaunchNode(const NodeRequest& request) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "no free node left in ", options_.allocation.Describe(), ": ", steps_.size(), " in use",
         why.empty() ? "" : absl::StrCat(", not used again: ", absl::StrJoin(why, "; ")),
-        " (submit with more nodes than --nodes MAX for spares: sbatch -N MAX+SPARES --no-kill)"));
+        options_.spares > 0
+            ? absl::StrCat(" (its ", options_.spares, " spare node(s) are in use already; the job goes on with the "
+                           "nodes it has)")
+            : " (submit with more nodes than --nodes MAX for spares: sbatch -N MAX+SPARES --no-kill)"));
   }
   if (steps_.count(node) != 0) return absl::AlreadyExistsError(absl::StrCat("node ", node, " already runs an agent"));
   if (auto r = retired_.find(node); r != retired_.end()) {

@@ -70,6 +70,7 @@ struct SlurmSchedulerOptions {
   // request.name).
   LocalScheduler::CommandFor command_for;
   double node_state_poll_s = 2;  // how often Slurm's node states are read (Tunables slurm_node_state_poll_s)
+  int spares = 0;  // --spares: the allocation was sized for them (messages only)
 };
 
 class SlurmScheduler : public SchedulerInterface {

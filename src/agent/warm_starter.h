@@ -1,0 +1,76 @@
+// When an agent prepares the warm interpreters for its next (re)start
+// (warm_pool.h), what they preload, and what the log says about them.
+//
+// - Join: prepared at once (they import torch while the rendezvous
+//   completes), preloading the modules other nodes' workers imported, which
+//   the master's KV store holds (kWarmModulesKey): a replacement node's first
+//   start is as warm as the survivors'.
+// - A round's workers started: the next interpreters are prepared once every
+//   worker made its first step or has its process group up, or
+//   kPrepareFallbackNs after the start, whichever comes first, so their
+//   imports do not slow this start (they also wait at SCHED_IDLE).
+// - Learning: the running warm workers are asked which library modules they
+//   imported (when the interpreters are prepared, at the first step, and
+//   kLearnAgainNs later); new names go to the waiting interpreters and to
+//   the KV store.
+//
+// Threading: not thread-safe; the agent's main loop owns it (as it owns the
+// pool and the worker group it points to).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/warm_pool.h"
+#include "agent/worker_group.h"
+
+namespace ballast::agent {
+
+// The master's KV store, as the starter uses it (best effort).
+struct WarmKv {
+  std::function<absl::StatusOr<std::string>(const std::string& key)> get;  // kNotFound when unset
+  std::function<absl::Status(const std::string& key, const std::string& value)> set;
+};
+
+class WarmStarter {
+ public:
+  static constexpr char kWarmModulesKey[] = "warm/modules";
+  static constexpr uint64_t kPrepareFallbackNs = 3'000'000'000ull;
+  static constexpr uint64_t kLearnAgainNs[] = {2'000'000'000ull, 8'000'000'000ull, 20'000'000'000ull};
+
+  // pool and workers are not owned and outlive the starter; log_keys gives
+  // the "node=... round=..." suffix of its log lines.
+  WarmStarter(WarmPool* pool, WorkerGroup* workers, int local_world_size, WarmKv kv,
+              std::function<std::string()> log_keys);
+
+  // Prepares one interpreter per local rank now (after Join).
+  void PrepareNow();
+  // A round's workers were started at now_ns.
+  void WorkersStarted(uint64_t now_ns);
+  // Every running worker's process group is up / made its first step.
+  void ProcessGroupsUp(uint64_t now_ns);
+  void FirstStep(uint64_t now_ns);
+  // Every agent poll: learns from running workers, polls the pool, prepares
+  // when due, logs when the pool turns off or every interpreter is ready.
+  void Poll(uint64_t now_ns, bool workers_running);
+
+ private:
+  void Learn(uint64_t now_ns);
+
+  WarmPool* pool_;
+  WorkerGroup* workers_;
+  const int local_world_size_;
+  WarmKv kv_;
+  std::function<std::string()> log_keys_;
+  uint64_t due_ns_ = 0;          // when to prepare the next interpreters (0: done for this round)
+  uint64_t learn_again_ns_ = 0;  // when to ask the workers again (0: not)
+  size_t learn_asks_ = 0;
+  bool kv_read_ = false;
+  bool disabled_logged_ = false;
+  bool ready_logged_ = true;  // false from a Prepare or a preload until all say ready
+};
+
+}  // namespace ballast::agent
