@@ -238,9 +238,7 @@ Agent::~Agent() {
   if (workers_) workers_->Stop(0);
   // After the workers: the stores are unlinked here, and the persister thread
   // must not outlive client_. The replica sender and fetches use the stores.
-  JoinReplicaFetches();
-  replica_sender_.reset();
-  replica_server_.reset();
+  replicas_.reset();
   ckpt_.reset();
 }
 
@@ -272,96 +270,24 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   spdlog::info("flash checkpoint: {} shared-memory stores {}-0..{} {}", ckpt_->num_stores(), po.name_prefix,
                ckpt_->num_stores() - 1, Fmt());
   if (options_.run.ckpt_replicas <= 0) return;
-  auto server = ReplicaServer::Start(po.name_prefix, options_.token);
-  if (!server.ok()) {
-    spdlog::warn("flash checkpoint: no peer replicas: {} {}", server.status().ToString(), Fmt());
-    return;
-  }
-  replica_server_ = std::move(*server);
-  const std::string addr = Endpoint{options_.host, replica_server_->port()}.ToString();
-  if (absl::Status s = client_->KvSet(ReplicaEndpointKey(options_.node_id), addr); !s.ok()) {
-    spdlog::warn("flash checkpoint: cannot publish the replica channel {}: {}; no peer replicas {}", addr,
-                 s.ToString(), Fmt());
-    replica_server_.reset();
-    return;
-  }
+  ReplicaOptions ro;
+  ro.node_id = options_.node_id;
+  ro.host = options_.host;
+  ro.token = options_.token;
+  ro.store_prefix = po.name_prefix;
+  ro.replicas = options_.run.ckpt_replicas;
   std::vector<ckpt::SlotStore*> stores;
   for (int lr = 0; lr < ckpt_->num_stores(); ++lr) stores.push_back(ckpt_->store(lr));
-  replica_sender_ = std::make_unique<ReplicaSender>(
-      options_.node_id, options_.token, std::move(stores),
-      [this](const std::string& k, const std::string& v) { return client_->KvSet(k, v); },
-      [this](const std::string& k) { return client_->KvGet(k, 0); });
+  auto replicas = ReplicaCoordinator::Start(
+      ro, std::move(stores), [this](const std::string& k, const std::string& v) { return client_->KvSet(k, v); },
+      [this](const std::string& k) { return client_->KvGet(k, 0); }, [this] { return Fmt(); });
+  if (!replicas.ok()) {
+    spdlog::warn("flash checkpoint: no peer replicas: {} {}", replicas.status().ToString(), Fmt());
+    return;
+  }
+  replicas_ = std::move(*replicas);
   spdlog::info("flash checkpoint: replicas of this node's steps go to the next {} node(s); replica channel {} {}",
-               options_.run.ckpt_replicas, addr, Fmt());
-}
-
-void Agent::RestoreReplicas(const v1::StartRound& start) {
-  JoinReplicaFetches();
-  if (replica_server_ == nullptr || ckpt_ == nullptr) return;
-  for (int lr = 0; lr < ckpt_->num_stores(); ++lr) {
-    ckpt::SlotStore* store = ckpt_->store(lr);
-    bool holds_a_step = false;
-    for (const ckpt::SlotInfo& info : store->Inspect()) holds_a_step |= info.state == ckpt::SlotState::kCommitted;
-    if (holds_a_step) continue;  // this node's own memory (or an earlier copy) decides
-    const int rank = start.rank_offset() + lr;
-    std::vector<ReplicaRecord> holders;
-    for (int k = 0; k < options_.run.ckpt_replicas; ++k) {
-      absl::StatusOr<std::string> value = client_->KvGet(ReplicaKey(rank, k), 0);
-      if (!value.ok()) continue;
-      absl::StatusOr<ReplicaRecord> rec = ReplicaRecord::FromKvValue(*value);
-      if (rec.ok() && rec->world == start.world_size() && rec->holder != options_.node_id) holders.push_back(*rec);
-    }
-    if (holders.empty()) continue;
-    // The copy runs while the workers start (a replacement node's first start
-    // is a cold one); their Checkpointer.load() waits for it.
-    store->SetIncoming(true);
-    replica_fetches_.emplace_back([store, rank, holders, token = options_.token, keys = Fmt()] {
-      for (const ReplicaRecord& rec : holders) {
-        const auto t0 = Clock::now();
-        // The newest step the holder has (the record's step may be a few seconds old).
-        absl::StatusOr<uint64_t> step = FetchReplica(rec.addr, token, rank, /*step=*/0, store, /*timeout_s=*/30.0);
-        if (!step.ok()) {
-          spdlog::warn("flash checkpoint: cannot copy rank {}'s replica from node {} ({}): {} {}", rank, rec.holder,
-                       rec.addr, step.status().ToString(), keys);
-          continue;
-        }
-        uint64_t bytes = 0;
-        for (const ckpt::SlotInfo& info : store->Inspect()) {
-          if (info.state == ckpt::SlotState::kCommitted && info.step == *step) bytes = info.image_bytes;
-        }
-        spdlog::info("flash checkpoint: rank {} step {} copied from the replica on node {} ({:.1f} MB in {:.0f} ms) {}",
-                     rank, *step, rec.holder, static_cast<double>(bytes) / 1e6, SecondsSince(t0) * 1e3, keys);
-        break;
-      }
-      store->SetIncoming(false);
-    });
-  }
-}
-
-void Agent::JoinReplicaFetches() {
-  for (std::thread& t : replica_fetches_) t.join();
-  replica_fetches_.clear();
-}
-
-void Agent::SetReplicaPeers(const v1::StartRound& start) {
-  if (replica_sender_ == nullptr) return;
-  // The next K nodes by group rank. In a big world the master lists only
-  // those (and group rank 0), not every member: look them up by rank.
-  std::map<int, const v1::RoundMember*> by_rank;
-  for (const v1::RoundMember& m : start.members()) by_rank[m.group_rank()] = &m;
-  std::vector<ReplicaPeer> peers;
-  const int n = start.group_world_size();
-  const int k_max = std::min(options_.run.ckpt_replicas, n - 1);
-  for (int k = 1; k <= k_max; ++k) {
-    auto it = by_rank.find((start.group_rank() + k) % n);
-    if (it == by_rank.end()) {
-      spdlog::warn("checkpoint replicas: the round lists no node at group rank {} (a master too old for {} copies?) {}",
-                   (start.group_rank() + k) % n, k_max, Fmt());
-      break;
-    }
-    if (it->second->node_id() != options_.node_id) peers.push_back({it->second->node_id(), ""});
-  }
-  replica_sender_->SetPeers(std::move(peers), start.rank_offset(), start.world_size());
+               options_.run.ckpt_replicas, replicas_->address(), Fmt());
 }
 
 std::string Agent::Fmt() const { return absl::StrCat("node=", options_.node_id, " round=", round_); }
@@ -782,13 +708,12 @@ void Agent::StartRound(const v1::StartRound& start) {
     chaos_kill_at_ns_ = round_started_ns_ + static_cast<uint64_t>(chaos_kill_after_s_ * 1e9);
   }
   next_progress_report_ns_ = round_started_ns_;
-  RestoreReplicas(start);
-  SetReplicaPeers(start);
-  if (replica_server_ != nullptr) {
+  if (replicas_ != nullptr) {
+    replicas_->BeforeRound(start);
     // The replicas held here as the round starts: a world of another size
     // reads the lost ranks' steps from them (Checkpointer.load).
     std::vector<std::map<std::string, std::string>> env = ckpt_env_;
-    const std::string held = absl::StrJoin(replica_server_->StoreNames(), ",");
+    const std::string held = absl::StrJoin(replicas_->HeldStores(), ",");
     if (!held.empty()) {
       for (auto& e : env) e[kCkptReplicasEnv] = held;
     }

@@ -33,7 +33,7 @@
 #include "agent/precheck_runner.h"
 #include "agent/progress_monitor.h"
 #include "agent/recovery_timeline.h"
-#include "agent/replica.h"
+#include "agent/replica_coordinator.h"
 #include "agent/run_options.h"
 #include "agent/warm_starter.h"
 #include "agent/worker_group.h"
@@ -182,13 +182,6 @@ class Agent {
   void StopWorkers(const std::string& why, Breakpoint breakpoint = Breakpoint::kWait);
   // Creates the checkpoint stores (after Join: their names carry the job id).
   void StartCheckpointStores(const std::string& job_id);
-  // Peer replicas (replica.h), before a round's workers start: stores this
-  // node holds no step in (a replacement node) get their rank's newest
-  // replica copied in from the peer that holds it; the sender gets the
-  // round's ring successors.
-  void RestoreReplicas(const v1::StartRound& start);
-  void SetReplicaPeers(const v1::StartRound& start);
-  void JoinReplicaFetches();
   void PublishState();
   // Hang detection (--hang-timeout): a hung worker's stacks are dumped, it is
   // killed and its failure reported with the hang evidence.
@@ -211,14 +204,9 @@ class Agent {
   // Null when flash checkpoint is off or /dev/shm is unusable. Declared after
   // client_ so it is destroyed first (its thread reports through client_).
   std::unique_ptr<CkptPersister> ckpt_;
-  // Peer replicas (--ckpt-replicas > 0 with flash checkpoint): this node's
-  // data channel holding other nodes' replicas, and the sender of this
-  // node's steps. Declared after ckpt_: destroyed before the stores.
-  std::unique_ptr<ReplicaServer> replica_server_;
-  std::unique_ptr<ReplicaSender> replica_sender_;
-  // Copies of replicas into this node's stores, running while the workers
-  // start (each store is marked incoming meanwhile); joined at the next round.
-  std::vector<std::thread> replica_fetches_;
+  // Peer replicas (--ckpt-replicas > 0 with flash checkpoint;
+  // replica_coordinator.h). Declared after ckpt_: destroyed before the stores.
+  std::unique_ptr<ReplicaCoordinator> replicas_;
   // BALLAST_CKPT_SHM of each local rank (the round adds BALLAST_CKPT_REPLICAS).
   std::vector<std::map<std::string, std::string>> ckpt_env_;
   // Pre-flight check workers (RunCheck decisions); created in Run().

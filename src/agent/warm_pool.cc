@@ -38,7 +38,10 @@ double MonotonicSeconds() {
 // {"preload": [modules]} (import them now, each a hint: one that fails is
 // skipped), then the job {"env", "cwd", "argv", "module"}; once the script
 // runs, {"modules": true} asks which library modules it has imported, and the
-// answer is "modules <JSON list>". Lines to the agent: "ready <t>",
+// answer is "modules <JSON list>". A module of WarmOptions::modules that
+// fails to import is reported ("failed ...": the pool turns itself off) and
+// the interpreter goes on: it may have been taken for a worker while still
+// importing. Lines to the agent: "ready <t>",
 // "preloaded <n> <t>", "failed <module>: <error>", "started <t>",
 // "pg <t_call> <t_return>", "modules [...]" (t: time.monotonic()).
 constexpr char kBootstrap[] = R"PY(import os, sys
@@ -60,8 +63,9 @@ def _ballast_warm():
         try:
             __import__(name)
         except BaseException as e:
+            # The agent turns warm starts off; this interpreter may have been
+            # handed a job already, which it still runs as a cold start would.
             say(("failed %s: %s: %s" % (name, type(e).__name__, e)).replace("\n", " "))
-            sys.exit(3)
     say("ready %.6f" % time.monotonic())
     buf = [b""]
     def read_message():

@@ -1,6 +1,7 @@
 #include "master/failure_arbiter.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -39,8 +40,15 @@ std::vector<FailureArbiter::Held> FailureArbiter::TakeDue(
   if (held_.empty()) return {};
   const Held& first = held_.front();
   double settle_s = 0;
-  for (const Held& h : held_) settle_s = std::max(settle_s, SettleSeconds(h.report, members));
-  if (now - first.reported_at < settle_s) return {};
+  std::set<std::string> reporters;
+  for (const Held& h : held_) {
+    settle_s = std::max(settle_s, SettleSeconds(h.report, members));
+    reporters.insert(h.report.node_id());
+  }
+  // Every member reported (a hang stops every rank, so every node's agent
+  // reports it): no report is left to wait for.
+  const bool all_reported = reporters.size() >= members;
+  if (now - first.reported_at < settle_s && !all_reported) return {};
   if (other_member_disconnected(NodeId(first.report.node_id()))) return {};  // back or lost first
   std::vector<Held> due;
   due.swap(held_);

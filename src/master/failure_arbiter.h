@@ -6,7 +6,8 @@
 // one member, for failure_settle_s (hang_settle_s for a hang), and while
 // another member's Watch stream is closed: a worker that failed because
 // another node died is part of that node's loss (a membership change, no
-// restart), and the hang reports of the other nodes arrive. Reports of an
+// restart), and the hang reports of the other nodes arrive. Once every member
+// has reported, nothing more is awaited and the settle time ends. Reports of an
 // older round are dropped when a world change came first. Of the reports
 // decided together, hangs are blamed before crashes, and the hung rank
 // outside a collective before those waiting in one (OrderForBlame).
@@ -46,8 +47,9 @@ class FailureArbiter {
   // loss re-formed the world meanwhile, so they use up no restart.
   std::vector<Held> DropStale(Round round);
   // The held reports, in blame order (OrderForBlame), once the settle time of
-  // every one of them passed since the first arrived and no member other than
-  // the first report's node is disconnected; else nothing (they stay held).
+  // every one of them passed since the first arrived, or every member of the
+  // round reported, and no member other than the first report's node is
+  // disconnected; else nothing (they stay held).
   std::vector<Held> TakeDue(double now, size_t members,
                             const std::function<bool(const NodeId& except)>& other_member_disconnected);
 

@@ -43,6 +43,21 @@ TEST(FailureArbiter, DecidesAfterTheSettleTimeUnlessAnotherMemberIsDisconnected)
   EXPECT_TRUE(a.held().empty());
 }
 
+TEST(FailureArbiter, AHangReportedByEveryMemberIsDecidedWithoutWaitingOutTheSettleTime) {
+  FailureArbiter a(0.0, 3.0);
+  a.Hold({Hang("a", 0, 5, /*in_collective=*/true), "h", 10.0});
+  EXPECT_TRUE(a.TakeDue(10.2, 2, kNobodyDisconnected).empty()) << "node b's report may still come";
+  a.Hold({Hang("b", 2, 5, /*in_collective=*/false), "h", 10.3});
+  EXPECT_TRUE(a.TakeDue(10.3, 2, [](const NodeId& except) { return except != NodeId("b"); }).empty())
+      << "a disconnected member still holds the decision";
+  auto due = a.TakeDue(10.3, 2, kNobodyDisconnected);
+  ASSERT_EQ(due.size(), 2u);
+  // Two reports from one node of three are not every member.
+  a.Hold({Hang("a", 0, 5, true), "h", 20.0});
+  a.Hold({Hang("a", 1, 5, true), "h", 20.0});
+  EXPECT_TRUE(a.TakeDue(20.1, 3, kNobodyDisconnected).empty());
+}
+
 TEST(FailureArbiter, DropsReportsOfAnOlderRound) {
   FailureArbiter a(1.0, 1.0);
   a.Hold({Report("a", 1), "h", 0});

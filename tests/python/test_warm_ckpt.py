@@ -112,6 +112,26 @@ class WarmRestartWithCheckpoints(TestCase):
         # One set of final weights (DDP keeps the ranks equal).
         self.assertEqual(len({events(out, r, "done")[0]["sha256"] for r in range(WORLD)}), 1)
 
+    def test_launch_passes_warm_modules_to_every_agent(self):
+        bad = subprocess.run([BIN, "launch", "--nodes", "1", "--warm-modules", "numpy,not a module", SCRIPT],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+        self.assertEqual(bad.returncode, 2, bad.stdout)
+        self.assertIn("--warm-modules: 'not a module' is not a Python module name", bad.stdout)
+        # A module no interpreter can import reaches the agents: they say so
+        # and turn warm starts off; the job itself runs, and no worker fails
+        # (a worker whose interpreter was taken while still importing runs on).
+        out = os.path.join(self.tmp, "modules")
+        os.makedirs(out)
+        p = subprocess.run([BIN, "launch", "--python", TORCH1, "--nodes", "2", "--nproc-per-node", "1",
+                            "--warm-modules", "no_such_module_for_ballast", SCRIPT, "--out", out, "--ckpt",
+                            os.path.join(out, "ckpt"), "--steps", "40", "--step-time", "0.05"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout[-6000:])
+        self.assertNotIn("worker failed", p.stdout)
+        self.assertEqual(len(set(re.findall(r"warm restart off for this node: the warm interpreter of local rank 0 "
+                                            r"could not import no_such_module_for_ballast.* node=(\S+)", p.stdout))),
+                         2, p.stdout[-6000:])
+
     def test_worker_kill_restarts_both_nodes_warm(self):
         out, log = self.run_job(TORCH1, "worker-kill")
         self.check(out, log, "worker-kill")

@@ -59,6 +59,7 @@ TEST(ParseElasticJob, BadFieldsAreNamed) {
       {{{"networkCheck", "yes"}}, "spec.networkCheck"},
       {{{"excludeStragglers", true}}, "spec.excludeStragglers"},
       {{{"template", Json::object()}}, "spec.template.spec.containers"},
+      {{{"warmModules", "numpy,not a module"}}, "spec.warmModules"},
   };
   for (const Case& c : cases) {
     auto j = ParseElasticJob(Job(c.overrides));
@@ -81,7 +82,10 @@ TEST(WrapTrainingCommand, PythonScriptsModulesAndPrograms) {
 }
 
 TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
-  auto job = ParseElasticJob(Job({{"networkCheck", true}, {"hangTimeoutSeconds", 60}, {"checkpointDir", "/ckpt"}}));
+  auto job = ParseElasticJob(Job({{"networkCheck", true},
+                                  {"hangTimeoutSeconds", 60},
+                                  {"checkpointDir", "/ckpt"},
+                                  {"warmModules", "transformers,numpy"}}));
   ASSERT_TRUE(job.ok());
   WorkerPodParams p;
   p.node_rank = 1;
@@ -107,7 +111,8 @@ TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
   EXPECT_THAT(cmd, ElementsAre("ballast", "run", "--rdzv-endpoint", "train-master.ml.svc:29400", "--rdzv-id", "train",
                                "--nnodes", "2:4", "--nproc-per-node", "2", "--node-rank", "1", "--max-restarts", "3",
                                "--node-unit", "1", "--local-addr", "$(BALLAST_POD_IP)", "--network-check",
-                               "--hang-timeout", "60", "--python", "python3", "/w/train.py", "--epochs", "3"));
+                               "--hang-timeout", "60", "--warm-modules", "transformers,numpy", "--python", "python3",
+                               "/w/train.py", "--epochs", "3"));
   std::map<std::string, Json> env;
   for (const Json& e : c["env"]) env[e["name"]] = e;
   EXPECT_EQ(env["A"]["value"], "1");
