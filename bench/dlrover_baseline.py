@@ -14,20 +14,9 @@ zero member), so torchrun's default --redirects/--tee 0 crash in to_map; the
 same bug that keeps `python3 -m torch.distributed.run` from running here (see
 torch_elastic_baseline.py). It is patched to build Std from the int.
 """
-import re
+from _benchutil import patch_torch113_std
 
-from torch.distributed.elastic.multiprocessing import api as mp_api
-
-
-def _from_str(cls, vm):
-    if re.match(mp_api._VALUE_REGEX, vm):
-        return cls(int(vm))
-    if re.match(mp_api._MAPPING_REGEX, vm):
-        return {int(i): cls(int(v)) for i, v in (m.split(":") for m in vm.split(","))}
-    raise ValueError(f"{vm} does not match: <{mp_api._VALUE_REGEX}> or <{mp_api._MAPPING_REGEX}>")
-
-
-mp_api.Std.from_str = classmethod(_from_str)
+patch_torch113_std()
 
 from dlrover.trainer.torch.elastic_run import main  # noqa: E402  (after the patch)
 

@@ -26,17 +26,11 @@ from datetime import datetime
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_events import read_events  # noqa: E402
+from _benchutil import free_port  # noqa: E402
 
 BIN = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
 PYTHON = "/usr/bin/python3"
 TRAIN = os.path.join(ROOT, "bench", "goodput_train.py")
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log_time(line):

@@ -37,7 +37,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,14 +50,7 @@ PY = "/usr/bin/python3"
 KILL_STEP = 40
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_events import read_events as events  # noqa: E402  (the format train_ddp.py writes)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from _benchutil import free_port  # noqa: E402
 
 
 def trial(launcher_cmd, nproc, timeout=180, env=None, hang_args=None):

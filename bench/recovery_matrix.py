@@ -94,7 +94,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -114,33 +113,18 @@ FAULTS = ("kill-worker", "node-loss", "hang")
 PEERS = ("torchrun", "dlrover")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_events import read_events  # noqa: E402  (the format matrix_train.py writes)
+from _benchutil import free_port, patch_torch113_std  # noqa: E402
 
 
 def torchrun_113():
     """`recovery_matrix.py _torchrun ARGS`: torch 1.13's torchrun with
     Std.from_str fixed for Python 3.11 (as in dlrover_baseline.py)."""
-    from torch.distributed.elastic.multiprocessing import api as mp_api
-
-    def _from_str(cls, vm):
-        if re.match(mp_api._VALUE_REGEX, vm):
-            return cls(int(vm))
-        if re.match(mp_api._MAPPING_REGEX, vm):
-            return {int(i): cls(int(v)) for i, v in (m.split(":") for m in vm.split(","))}
-        raise ValueError(f"{vm} does not match: <{mp_api._VALUE_REGEX}> or <{mp_api._MAPPING_REGEX}>")
-
-    mp_api.Std.from_str = classmethod(_from_str)
+    patch_torch113_std()
     from torch.distributed.run import main
     main(sys.argv[2:])
 
 
 # -- processes -----------------------------------------------------------------
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def proc_table():

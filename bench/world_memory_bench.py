@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import torch
 
 import ballast
 from ballast import _ballast
+from _benchutil import free_port
 
 WORKER = r"""
 import json, os, sys, time, torch, torch.distributed as dist, ballast
@@ -45,12 +45,6 @@ if rank == 0:
     print(json.dumps({"seconds": dt, "source": ckpt.last_load_source, "step": step}))
 dist.destroy_process_group()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

@@ -6,10 +6,9 @@
 
 #include <chrono>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <thread>
 
+#include "agent/fake_kv.h"
 #include "ckpt/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -20,26 +19,6 @@ namespace {
 using ckpt::test_util::BuildImage;
 using ckpt::test_util::State;
 using ckpt::test_util::UniqueShmName;
-
-struct SharedKv {
-  std::mutex mu;
-  std::map<std::string, std::string> kv;
-  ReplicaCoordinator::KvSet Set() {
-    return [this](const std::string& k, const std::string& v) {
-      std::lock_guard<std::mutex> lock(mu);
-      kv[k] = v;
-      return absl::OkStatus();
-    };
-  }
-  ReplicaCoordinator::KvGet Get() {
-    return [this](const std::string& k) -> absl::StatusOr<std::string> {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = kv.find(k);
-      if (it == kv.end()) return absl::NotFoundError(k);
-      return it->second;
-    };
-  }
-};
 
 std::unique_ptr<ckpt::SlotStore> NewStore(const std::string& tag) {
   auto s = ckpt::SlotStore::Create(UniqueShmName(tag));
@@ -68,20 +47,20 @@ v1::StartRound Round(int64_t round, const std::string& n0, const std::string& n1
   return s;
 }
 
-std::unique_ptr<ReplicaCoordinator> Node(const std::string& id, ckpt::SlotStore* store, SharedKv* kv) {
+std::unique_ptr<ReplicaCoordinator> Node(const std::string& id, ckpt::SlotStore* store, FakeKv* kv) {
   ReplicaOptions o;
   o.node_id = id;
   o.host = "127.0.0.1";
   o.token = "tok";
   o.store_prefix = UniqueShmName(id);
   o.replicas = 1;
-  auto c = ReplicaCoordinator::Start(o, {store}, kv->Set(), kv->Get(), [id] { return "node=" + id; });
+  auto c = ReplicaCoordinator::Start(o, {store}, kv->Setter(), kv->Getter(), [id] { return "node=" + id; });
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(*c);
 }
 
 TEST(ReplicaCoordinator, TheReplacementOfALostNodeCopiesItsRanksStepFromTheRingSuccessor) {
-  SharedKv kv;
+  FakeKv kv;
   auto a0 = NewStore("coord-a");
   auto b0 = NewStore("coord-b");
   auto c0 = NewStore("coord-c");
@@ -100,7 +79,7 @@ TEST(ReplicaCoordinator, TheReplacementOfALostNodeCopiesItsRanksStepFromTheRingS
   ASSERT_TRUE(a0->Commit(&*w, image.size()).ok());
   std::string record;
   for (int i = 0; i < 500 && record.empty(); ++i) {
-    if (auto v = kv.Get()(ReplicaKey(0, 0)); v.ok()) record = *v;
+    if (auto v = kv.Getter()(ReplicaKey(0, 0)); v.ok()) record = *v;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_THAT(record, ::testing::StartsWith("node-b 127.0.0.1:"));

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agent/fake_kv.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/test_util.h"
 #include "gmock/gmock.h"
@@ -47,31 +48,6 @@ std::unique_ptr<ckpt::SlotStore> NewStore(const std::string& tag) {
 }
 
 std::string Addr(const ReplicaServer& s) { return absl::StrCat("127.0.0.1:", s.port()); }
-
-// A thread-safe map standing in for the master's KV store.
-struct FakeKv {
-  std::mutex mu;
-  std::map<std::string, std::string> kv;
-  ReplicaSender::KvSet Setter() {
-    return [this](const std::string& k, const std::string& v) {
-      std::lock_guard<std::mutex> lock(mu);
-      kv[k] = v;
-      return absl::OkStatus();
-    };
-  }
-  ReplicaSender::KvGet Getter() {
-    return [this](const std::string& k) -> absl::StatusOr<std::string> {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = kv.find(k);
-      if (it == kv.end()) return absl::NotFoundError(k);
-      return it->second;
-    };
-  }
-  std::string Get(const std::string& k) {
-    std::lock_guard<std::mutex> lock(mu);
-    return kv.count(k) ? kv[k] : "";
-  }
-};
 
 TEST(ReplicaRecord, RoundTripsAndRejectsGarbage) {
   ReplicaRecord r{"node-2", "10.0.0.3:4100", 42, 6};

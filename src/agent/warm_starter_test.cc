@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "agent/fake_kv.h"
 #include "common/net.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -20,20 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::Contains;
 
-struct FakeKv {
-  std::map<std::string, std::string> values;
-  WarmKv Kv() {
-    return WarmKv{[this](const std::string& k) -> absl::StatusOr<std::string> {
-                    auto it = values.find(k);
-                    if (it == values.end()) return absl::NotFoundError(k);
-                    return it->second;
-                  },
-                  [this](const std::string& k, const std::string& v) {
-                    values[k] = v;
-                    return absl::OkStatus();
-                  }};
-  }
-};
+WarmKv Kv(FakeKv* kv) { return WarmKv{kv->Getter(), kv->Setter()}; }
 
 class WarmStarterTest : public ::testing::Test {
  protected:
@@ -63,7 +51,7 @@ class WarmStarterTest : public ::testing::Test {
 // workers imported, before its first start.
 TEST_F(WarmStarterTest, PrepareNowPreloadsTheModulesTheKvStoreHolds) {
   FakeKv kv;
-  kv.values[WarmStarter::kWarmModulesKey] = R"(["fractions", "no_such_module_for_ballast"])";
+  kv.kv[WarmStarter::kWarmModulesKey] = R"(["fractions", "no_such_module_for_ballast"])";
   WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}});
   const std::string out = (dir_ / "seen.json").string();
   std::ofstream(dir_ / "probe.py") << "import json, sys\n"
@@ -71,7 +59,7 @@ TEST_F(WarmStarterTest, PrepareNowPreloadsTheModulesTheKvStoreHolds) {
   WorkerSpec spec = Spec(&pool, (dir_ / "probe.py").string());
   spec.script_argv.push_back(out);
   WorkerGroup group(spec);
-  WarmStarter starter(&pool, &group, 1, kv.Kv(), [] { return std::string("node=test"); });
+  WarmStarter starter(&pool, &group, 1, Kv(&kv), [] { return std::string("node=test"); });
   starter.PrepareNow();
   EXPECT_EQ(pool.preloaded(), (std::vector<std::string>{"fractions", "no_such_module_for_ballast"}));
   for (int i = 0; i < 1000 && !pool.ready(0); ++i) {  // ready: "json" imported and the preload answered
@@ -101,7 +89,7 @@ TEST_F(WarmStarterTest, LearnsTheModulesRunningWorkersImportedAndPublishesThem) 
   WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}});
   std::ofstream(dir_ / "train.py") << "import decimal, time\ntime.sleep(60)\n";
   WorkerGroup group(Spec(&pool, (dir_ / "train.py").string()));
-  WarmStarter starter(&pool, &group, 1, kv.Kv(), [] { return std::string("node=test"); });
+  WarmStarter starter(&pool, &group, 1, Kv(&kv), [] { return std::string("node=test"); });
   starter.PrepareNow();
   RoundSpec round;
   round.round = 1;
@@ -110,12 +98,12 @@ TEST_F(WarmStarterTest, LearnsTheModulesRunningWorkersImportedAndPublishesThem) 
   starter.WorkersStarted(Now());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the script imports decimal
   starter.FirstStep(Now());
-  for (int i = 0; i < 500 && kv.values.count(WarmStarter::kWarmModulesKey) == 0; ++i) {
+  for (int i = 0; i < 500 && kv.Get(WarmStarter::kWarmModulesKey).empty(); ++i) {
     starter.Poll(Now(), true);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(kv.values.count(WarmStarter::kWarmModulesKey), 1u);
-  nlohmann::json published = nlohmann::json::parse(kv.values[WarmStarter::kWarmModulesKey]);
+  ASSERT_FALSE(kv.Get(WarmStarter::kWarmModulesKey).empty());
+  nlohmann::json published = nlohmann::json::parse(kv.Get(WarmStarter::kWarmModulesKey));
   EXPECT_THAT(published.get<std::vector<std::string>>(), Contains("decimal"));
   EXPECT_THAT(pool.preloaded(), Contains("decimal"));
   // The script's own module is never named (it could do anything at import).

@@ -43,6 +43,17 @@ def random_tensor(shape, dtype, seed=0):
         return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
+def events(out, rank, kind):
+    """The `kind` events rank `rank` logged in <out>/rank<rank>.jsonl
+    (tests/integration/scripts/train_ckpt.py's format), oldest first."""
+    import json
+    path = os.path.join(out, f"rank{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in (json.loads(line) for line in f if line.strip()) if e["event"] == kind]
+
+
 def wait_for(what, fn, timeout, interval=0.2):
     """Polls fn() until it returns something true (returned); raises after timeout s."""
     import time

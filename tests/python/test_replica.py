@@ -14,12 +14,11 @@ same final weights.
 """
 
 import glob
-import json
 import os
 import subprocess
 import unittest
 
-from _util import TestCase
+from _util import TestCase, events
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
@@ -28,14 +27,6 @@ if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
 PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
 SCRIPT = os.path.join(HERE, "../integration/scripts/train_ckpt.py")
 WORLD, STEPS, KILL_STEP = 6, 10, 4
-
-
-def events(out, rank, kind):
-    path = os.path.join(out, f"rank{rank}.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [e for e in (json.loads(line) for line in f if line.strip()) if e["event"] == kind]
 
 
 class PeerReplicas(TestCase):

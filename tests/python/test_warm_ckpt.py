@@ -21,14 +21,13 @@ Functional, not timed: the kind of start and the checkpoint source are
 asserted, not the seconds.
 """
 
-import json
 import os
 import re
 import subprocess
 import time
 import unittest
 
-from _util import TestCase, wait_for
+from _util import TestCase, events, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
@@ -46,14 +45,6 @@ def torch2_python():
         raise AssertionError(f"no torch 2.x interpreter at BALLAST_TORCH2_PYTHON={py!r}: run `make test` (it builds "
                              "the venv with scripts/torch2-venv.sh) or set BALLAST_TORCH2_PYTHON")
     return py
-
-
-def events(out, rank, kind):
-    path = os.path.join(out, f"rank{rank}.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [e for e in (json.loads(line) for line in f if line.strip()) if e["event"] == kind]
 
 
 class WarmRestartWithCheckpoints(TestCase):
