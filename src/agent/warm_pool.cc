@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
