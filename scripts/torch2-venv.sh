@@ -10,19 +10,41 @@
 #
 # The default torch wheel brings the CUDA runtime libraries (~5 GB installed,
 # minutes to download); it runs on CPU with gloo, as the tests do.
+#
+# Hugging Face transformers and accelerate (the Trainer integration's tests)
+# are a second layer with its own stamp: a change of their pins reinstalls
+# them, not torch. (transformers 5.23+ needs a `kernels` release PyPI does not
+# serve here.)
 set -euo pipefail
 TORCH_VERSION=2.15.0
 NUMPY_VERSION=2.4.6
+TRANSFORMERS_VERSION=5.22.2
+ACCELERATE_VERSION=1.16.0
 PY=/usr/bin/python3
 pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 cache=${BALLAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ballast}
 venv="$cache/torch-$TORCH_VERSION-py$pyver"
 stamp="$venv/.ballast-ready"
+hf_stamp="$venv/.ballast-hf-$TRANSFORMERS_VERSION-$ACCELERATE_VERSION"
+
+install_hf() {
+  [ -f "$hf_stamp" ] && return 0
+  echo "ballast: installing transformers==$TRANSFORMERS_VERSION accelerate==$ACCELERATE_VERSION into $venv (once)" >&2
+  # torch stays at its pin (a constraint, so pip never replaces it).
+  "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on \
+    "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION" "torch==$TORCH_VERSION" \
+    "numpy==$NUMPY_VERSION" >&2 || {
+    echo "ballast: pip could not install transformers/accelerate from PyPI into $venv (network?)" >&2; exit 1; }
+  "$venv/bin/python" -c "import transformers, accelerate; print('ballast: transformers', transformers.__version__, 'ready')" >&2
+  rm -f "$venv"/.ballast-hf-*
+  touch "$hf_stamp"
+}
 if [ "${1:-}" = "--path" ]; then
   echo "$venv/bin/python"
   exit 0
 fi
 if [ -f "$stamp" ]; then
+  install_hf
   echo "$venv/bin/python"
   exit 0
 fi
@@ -45,4 +67,5 @@ assert dist.is_available() and dist.is_gloo_available()
 print("ballast: torch", torch.__version__, "ready")
 PYEOF
 touch "$stamp"
+install_hf
 echo "$venv/bin/python"

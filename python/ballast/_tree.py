@@ -14,6 +14,8 @@ code ever runs on load::
 
     {"t": key, "g": 1}          tensor (g: requires_grad)
     {"s": key, "gs": [...], "go": [...]}   Shard of a global tensor
+        + "dm": [mesh shape], "dp": ["S0", "R", ...]   a DTensor's local piece
+        + "st": 1                              a ShardedTensor's local shard
     {"d": [[k, v], ...]}        dict (keys are encoded values: int keys stay int)
     {"o": [[k, v], ...], "m": metadata}    OrderedDict (with torch's _metadata)
     {"l": [...]} / {"u": [...]} / {"z": [...]}   list / tuple / torch.Size
@@ -28,6 +30,8 @@ import json
 import math
 
 import torch
+
+from ballast import _dtensor
 
 TREE_KEY = "__ballast__/tree"
 FORMAT_VERSION = 1
@@ -137,9 +141,22 @@ class Encoder:
         self.entries.append((key, name, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size()))
         return key
 
+    def _dist_node(self, obj, local, path, geometry):
+        out = {"s": self._tensor(local, path)}
+        out.update(geometry)
+        return out
+
     def node(self, obj, path):
         if obj is None or obj is True or obj is False:
             return obj
+        if _dtensor.is_dtensor(obj):
+            # Only this rank's piece, with its geometry: no gather.
+            local, gshape, offsets, mesh_shape, codes = _dtensor.dtensor_piece(obj, path)
+            return self._dist_node(obj, local, path, {"gs": list(gshape), "go": list(offsets),
+                                                      "dm": list(mesh_shape), "dp": codes})
+        if _dtensor.is_sharded_tensor(obj):
+            local, gshape, offsets = _dtensor.sharded_tensor_piece(obj, path)
+            return self._dist_node(obj, local, path, {"gs": list(gshape), "go": list(offsets), "st": 1})
         if isinstance(obj, torch.Tensor):
             out = {"t": self._tensor(obj, path)}
             if obj.requires_grad:
@@ -190,7 +207,7 @@ class Encoder:
         where = "/".join(path) or "<root>"
         raise TypeError(
             f"cannot checkpoint the {type(obj).__module__}.{type(obj).__qualname__} at '{where}': "
-            "a state may hold tensors, ballast.Shard, None, bool, int, float, str, bytes, "
+            "a state may hold tensors (DTensor and ShardedTensor too), ballast.Shard, None, bool, int, float, str, bytes, "
             "torch.dtype/device and dicts/lists/tuples of them (no pickle); convert it first")
 
 

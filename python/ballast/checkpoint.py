@@ -27,7 +27,7 @@ import weakref
 import torch
 
 from ballast import _ballast as _C
-from ballast import _tree
+from ballast import _dtensor, _tree
 from ballast._tree import Shard
 
 CheckpointCorruptError = _C.CheckpointCorruptError
@@ -111,6 +111,7 @@ class _Image:
         self.snap = snap
         self.doc = _read_doc(snap)
         self.index = {e[0]: (i, e[1], tuple(e[2]), e[3]) for i, e in enumerate(snap.entries())}
+        self.specs = {}  # the load's slices for this image (set by _memory_usable)
 
     @property
     def source(self):
@@ -138,7 +139,13 @@ class _Image:
                 out[node["t"]] = (shape, (0,) * len(shape), shape)
         return out
 
-    def materialize(self, device=None, replace=None, shards_as_tensors=(), verify=False, into=None):
+    def geometry(self):
+        """{key: (global shape, mesh shape, placement codes)} of the saved DTensor pieces."""
+        refs = []
+        _tree.walk_refs(self.doc["tree"], refs)
+        return _dtensor.geometry_of(refs)
+
+    def materialize(self, device=None, replace=None, shards_as_tensors=(), verify=False, into=None, layout=None):
         """Copies the image into tensors and rebuilds the saved state.
 
         replace: {key: tensor} used instead of the image's own data.
@@ -147,6 +154,8 @@ class _Image:
             not verified yet); CheckpointCorruptError on a mismatch.
         into: {key: tensor} of the caller's tensors to fill in place (see
             Checkpointer.load); the state then holds those tensor objects.
+        layout: the load's _dtensor.Layout: which Shard nodes come back as
+            the caller's DTensor/ShardedTensor or as new DTensors.
         """
         replace = replace or {}
         into = into or {}
@@ -201,6 +210,10 @@ class _Image:
                 t = tensors[node["t"]]
                 return t.requires_grad_() if node.get("g") and not t.requires_grad and t.is_leaf else t
             key = node["s"]
+            if layout is not None:
+                obj = layout.finish(key, tensors[key])
+                if obj is not None:
+                    return obj
             if key in shards_as_tensors or key in replace:
                 return tensors[key]
             return Shard(tensors[key], node["gs"], node["go"])
@@ -209,11 +222,13 @@ class _Image:
 
 
 class _TargetIndex(_tree.Encoder):
-    """The tensors of a state by the keys a save of it would give them."""
+    """The tensors of a state by the keys a save of it would give them
+    (targets), and its DTensors and ShardedTensors (dist)."""
 
     def __init__(self, state):
         super().__init__()
         self.targets = {}
+        self.dist = {}
         if state is not None:
             self.node(state, ())
 
@@ -221,6 +236,16 @@ class _TargetIndex(_tree.Encoder):
         key = self._key(path)
         self.targets[key] = t
         return key
+
+    def _dist_node(self, obj, local, path, geometry):
+        key = self._key(path)
+        self.dist[key] = obj
+        return key
+
+
+def _layout(into, shards, mesh, full):
+    idx = _TargetIndex(into)
+    return _dtensor.Layout(idx.targets, idx.dist, _normalize_shards(shards), mesh=mesh, full=full)
 
 
 def _normalize_shards(shards):
@@ -252,9 +277,10 @@ def _fresh(shape, dtype=torch.uint8):
     return t
 
 
-def _assemble(key, want, images):
+def _assemble(key, want, images, into=None):
     """The slice `want` = (global_shape, offsets, shape) of tensor `key`, from every
-    image's overlapping piece."""
+    image's overlapping piece; written straight into `into` (the caller's
+    tensor) when it is a CPU, contiguous tensor of that shape and the saved dtype."""
     gshape, offsets, shape = want
     out = None
     boxes = []  # (lo, hi) of each piece copied, in global coordinates
@@ -268,7 +294,11 @@ def _assemble(key, want, images):
         i, dtype, _, _ = img.entry(key)
         if out is None:
             torch_dtype = _tree.NAME_TO_DTYPE[dtype]
-            out = _fresh(shape, torch_dtype)
+            if (into is not None and into.device.type == "cpu" and into.is_contiguous()
+                    and into.dtype == torch_dtype and tuple(into.shape) == tuple(shape)):
+                out = into
+            else:
+                out = _fresh(shape, torch_dtype)
         lo = [max(a, b) for a, b in zip(offsets, s_off)]
         hi = [min(a + n, b + m) for a, n, b, m in zip(offsets, shape, s_off, s_shape)]
         if any(h <= l for l, h in zip(lo, hi)) and len(shape) > 0:
@@ -633,7 +663,8 @@ class Checkpointer:
 
     # -- load ------------------------------------------------------------------
 
-    def load(self, shards=None, *, step=None, device=None, into=None, allow_fresh_start=None):
+    def load(self, shards=None, *, step=None, device=None, into=None, allow_fresh_start=None, mesh=None,
+             full=False, from_dcp=None):
         """Loads the newest checkpoint: ``(step, state_dict)``, or ``(None, None)``.
 
         Memory is used when its step is the newest step that every rank holds
@@ -662,6 +693,17 @@ class Checkpointer:
                 allocation or a ``load_state_dict`` copy, the way
                 torch.distributed.checkpoint loads. The returned state holds
                 those tensors; plain values come back as saved.
+            mesh: the DeviceMesh on which a saved DTensor that has no target
+                in ``into`` comes back (default: the mesh of a DTensor in
+                ``into`` with as many dimensions, else a 1-D mesh over the
+                world).
+            full: return such DTensors as whole (global) tensors instead.
+            from_dcp: a torch.distributed.checkpoint directory to start
+                from when no Ballast checkpoint exists yet (memory or disk):
+                it is loaded into ``into`` (required; DCP reshards onto its
+                DTensors) and the step is the state's top-level "step" when
+                it holds an int, else 0 (``last_load_source``: "dcp").
+                Default: ``BALLAST_FROM_DCP`` in the environment.
             allow_fresh_start: when no checkpoint (memory, replica, disk)
                 covers some ranks while other ranks hold a step in memory,
                 return ``(None, None)`` (every rank starts over) instead of
@@ -669,6 +711,15 @@ class Checkpointer:
                 in the environment, else False. When the disk holds an older
                 step than memory does, every rank loads that step and a
                 warning names the steps lost.
+
+        Distributed tensors (FSDP2, DTensor; FSDP1's ShardedTensor) are
+        saved as each rank's local piece and resharded on load: pass the new
+        world's state in ``into`` (e.g. ``model.state_dict()`` of the FSDP2
+        model) and each DTensor's local piece is filled from whichever saved
+        pieces overlap it, for any world size, mesh and split. A saved DTensor
+        with no target (an optimizer's state before its first step) comes back
+        as a DTensor with its saved placements on the current mesh, so
+        ``optimizer.load_state_dict(state["optim"])`` restores it.
 
         Memory is verified as it is copied (one pass over the data, not two);
         a corrupt in-memory step makes every rank load from disk.
@@ -689,9 +740,8 @@ class Checkpointer:
             warnings.warn(f"the agent's copy of this rank's replica did not finish in {_INCOMING_WAIT_S:.0f} s; "
                           "loading without it")
         rank, world = self.rank_world()
-        shards = _normalize_shards(shards)
-        targets = _TargetIndex(into).targets
-        mem_img, mem_step = self._memory_image(step, rank, world, shards)
+        layout = _layout(into, shards, mesh, full)
+        mem_img, mem_step = self._memory_image(step, rank, world, layout)
         if step is not None:
             disk_step = step if os.path.isdir(_C.step_dir(self.dir, step)) else -1
         else:
@@ -708,15 +758,15 @@ class Checkpointer:
         # before the failure) may still hold that step in its other slot.
         if step is None and mem_min >= 0 and mem_min < mem_step and mem_min >= disk_max:
             mem_img = None
-            mem_img, mem_step = self._memory_image(mem_min, rank, world, shards)
+            mem_img, mem_step = self._memory_image(mem_min, rank, world, layout)
         held = 1 if mem_step >= 0 and mem_step == mem_min else 0
         if d is not None and mem_min >= 0:
             held = _all_reduce_min(d, [held])[0]
         if held and mem_step >= disk_max:
             state, ok = None, 1
             try:
-                state = mem_img.materialize(device, shards_as_tensors=set(shards), verify=self.verify,
-                                            into=targets)
+                state = mem_img.materialize(device, shards_as_tensors=set(mem_img.specs), verify=self.verify,
+                                            into=layout.targets, layout=layout)
             except CheckpointCorruptError as e:
                 warnings.warn(f"ignoring the in-memory checkpoint: {e}")
                 ok = 0
@@ -734,7 +784,7 @@ class Checkpointer:
             # Not every rank holds its own step: memory anywhere in the world
             # (a survivor's stores, the replicas nodes hold for lost ones) may
             # still have one step of every rank of a world, resharded here.
-            got = self._load_exchange(d, step, rank, world, disk_max, shards, targets, device)
+            got = self._load_exchange(d, step, rank, world, disk_max, layout, device)
             if got is not None:
                 return got
         if disk_min < 0 and disk_max >= 0:
@@ -744,6 +794,9 @@ class Checkpointer:
         if d is not None and step is None:
             self._check_lost(d, rank, world, mem_step, disk_min, allow_fresh_start)
         if disk_min < 0:
+            from_dcp = from_dcp if from_dcp is not None else os.environ.get("BALLAST_FROM_DCP") or None
+            if from_dcp is not None and step is None:
+                return self._load_dcp(from_dcp, into)
             self.last_load_source = None
             return None, None
         # Every rank loads the newest step on disk. A rank that still holds
@@ -752,18 +805,38 @@ class Checkpointer:
         # (the replacement) read the disk. A corrupt image falls back to disk:
         # the step stays the same either way.
         if disk_min == disk_max:
-            img, held_step = self._memory_image(disk_min, rank, world, shards)
+            img, held_step = self._memory_image(disk_min, rank, world, layout)
             if img is not None and held_step == disk_min:
                 try:
-                    state = img.materialize(device, shards_as_tensors=set(shards), verify=self.verify, into=targets)
+                    state = img.materialize(device, shards_as_tensors=set(img.specs), verify=self.verify,
+                                            into=layout.targets, layout=layout)
                     self.last_load_source = "memory"
                     return disk_min, state
                 except CheckpointCorruptError as e:
                     warnings.warn(f"ignoring the in-memory checkpoint: {e}; reading step {disk_min} from disk")
             del img
-        state = self._load_disk(disk_min, rank, device, shards, targets)
+        state = self._load_disk(disk_min, rank, world, device, layout)
         self.last_load_source = "disk"
         return disk_min, state
+
+    def _load_dcp(self, path, into):
+        """A job's start from a DCP checkpoint (load(from_dcp=...))."""
+        if into is None:
+            raise ValueError("load(from_dcp=...) needs into=: DCP loads in place into the state it is given, e.g. "
+                             "{'model': model.state_dict(), 'optim': opt.state_dict(), 'step': 0} (an optimizer "
+                             "needs its state first: torch.distributed.checkpoint.state_dict.get_state_dict)")
+        try:
+            from torch.distributed.checkpoint import load as dcp_load
+        except ImportError:
+            raise ValueError(f"load(from_dcp=...) needs torch >= 2.2 (torch.distributed.checkpoint.load); this is "
+                             f"torch {torch.__version__}") from None
+        if not os.path.isfile(os.path.join(path, ".metadata")):
+            raise FileNotFoundError(f"no DCP checkpoint at {path} (no .metadata file): check from_dcp= "
+                                    "(or BALLAST_FROM_DCP)")
+        dcp_load(into, checkpoint_id=path)
+        step = into.get("step") if isinstance(into, dict) else None
+        self.last_load_source = "dcp"
+        return (step if isinstance(step, int) and not isinstance(step, bool) else 0), into
 
     def _check_lost(self, d, rank, world, mem_step, disk_step, allow_fresh_start):
         """Memory could not serve the world: when some ranks hold a newer step
@@ -822,7 +895,7 @@ class Checkpointer:
                     images.append(img)
         return images
 
-    def _load_exchange(self, d, step, rank, world, disk_max, shards, targets, device):
+    def _load_exchange(self, d, step, rank, world, disk_max, layout, device):
         """The newest step that memory somewhere in the world holds for every
         rank of the world that saved it (not older than disk's latest),
         exchanged between the ranks over the process group and resharded
@@ -831,14 +904,14 @@ class Checkpointer:
         local = self._inventory(step)
         meta = [(img.doc["rank"], img.doc["world_size"], img.snap.step, img.snap.image_bytes,
                  img.source.startswith("replica:"),
-                 {k: v for k, v in img.shard_nodes().items() if v[0] != v[2]})
+                 {k: v for k, v in img.shard_nodes().items() if v[0] != v[2]}, img.geometry())
                 for img in local]
         everyone = [None] * world
         d.all_gather_object(everyone, meta)
         # (world, step) -> {saved rank: [(new rank, index in its inventory)]}
         held = {}
         for r, items in enumerate(everyone):
-            for i, (j, w, s, _n, _rep, _p) in enumerate(items):
+            for i, (j, w, s, _n, _rep, _p, _g) in enumerate(items):
                 held.setdefault((w, s), {}).setdefault(j, []).append((r, i))
         complete = [(s, w == world, w) for (w, s), ranks in held.items()
                     if s >= disk_max and all(j in ranks for j in range(w))]
@@ -850,6 +923,9 @@ class Checkpointer:
         def info(j):
             r, i = ranks[j][0]
             return everyone[r][i]
+
+        shards = layout.specs(info(0)[6])  # the saved DTensors' slices in this world
+        targets = layout.targets
 
         # The saved ranks this rank needs: its own (rank, or rank 0's for the
         # plain entries when it is new) and, to reshard, every saved shard
@@ -910,7 +986,8 @@ class Checkpointer:
             state = None
             used = [images[j] for j in sorted(need)]
             if not shards:
-                state = images[own].materialize(device, verify=self.verify, into=targets)  # verified as copied
+                state = images[own].materialize(device, verify=self.verify, into=targets,
+                                                layout=layout)  # verified as copied
             else:
                 if self.verify:
                     for img in used:
@@ -919,8 +996,8 @@ class Checkpointer:
                 for key in shards:
                     if key not in own_pieces:
                         raise ValueError(f"shards names '{key}', which is not a tensor of checkpoint step {s}")
-                assembled = {key: _assemble(key, want, used) for key, want in shards.items()}
-                state = images[own].materialize(device, replace=assembled, into=targets)
+                assembled = {key: _assemble(key, want, used, targets.get(key)) for key, want in shards.items()}
+                state = images[own].materialize(device, replace=assembled, into=targets, layout=layout)
         except (CheckpointCorruptError, ValueError) as e:
             warnings.warn(f"not loading step {s} from the world's memory: {e}")
             ok = 0
@@ -933,7 +1010,7 @@ class Checkpointer:
               f"world of {world}{'; ' + got if got else ''}", file=sys.stderr, flush=True)
         return s, state
 
-    def _memory_image(self, step, rank, world, shards):
+    def _memory_image(self, step, rank, world, layout):
         """(image, its step) of `step` (None: the newest) in this rank's memory,
         or (image or None, -1) when there is none this rank and world can use.
         Not verified here: the load verifies while it copies."""
@@ -942,38 +1019,50 @@ class Checkpointer:
             if snap is None:
                 return None, -1
             img = _Image(snap)
-            return img, (snap.step if self._memory_usable(img, rank, world, shards) else -1)
+            return img, (snap.step if self._memory_usable(img, rank, world, layout) else -1)
         except CheckpointCorruptError as e:
             # Shared memory is a cache of the disk: fall back rather than fail.
             warnings.warn(f"ignoring the in-memory checkpoint: {e}")
             return None, -1
 
     @staticmethod
-    def _memory_usable(img, rank, world, shards):
+    def _memory_usable(img, rank, world, layout):
+        """Whether this rank's own image serves the load as it is: saved by
+        this rank in this world, with every requested slice (shards=, the
+        DTensors' pieces on the current mesh) the very piece it saved. Sets
+        img.specs to the load's slices."""
         doc = img.doc
+        img.specs = layout.specs(img.geometry())
         # (An image without a tree, written by another tool, records no rank.)
         if doc.get("rank", rank) != rank or doc.get("world_size", world) != world:
             return False
         pieces = img.shard_nodes()  # also checks that every referenced entry exists
-        if not shards:
-            return True
-        for key, (gs, off, shape) in shards.items():
+        for key, (gs, off, shape) in img.specs.items():
             if pieces.get(key) != (gs, off, shape):
                 return False
         return True
 
-    def _load_disk(self, step, rank, device, shards, targets=None):
+    def _load_disk(self, step, rank, world, device, layout):
+        targets = layout.targets
+        path = _C.shard_path(self.dir, step, rank)
+        own = None
+        if os.path.exists(path):
+            # Disk is always verified: here while it is copied.
+            own = _Image(_C.read_file(path, verify=False))
+            usable = self._memory_usable(own, rank, world, layout)
+            if usable or not own.specs:
+                return own.materialize(device, shards_as_tensors=set(own.specs), verify=True, into=targets,
+                                       layout=layout)
+        missing = (f"Checkpoint step {step} in {self.dir} has no shard for rank {rank}: it was saved by fewer "
+                   "ranks; pass shards= (or the new world's DTensors in into=) to reshard sharded tensors")
+        try:
+            images = _read_all_ranks(self.dir, step)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e}. {missing}") from None
+        first = own or images[0][1]
+        shards = layout.specs(first.geometry())
         if not shards:
-            path = _C.shard_path(self.dir, step, rank)
-            try:
-                # Disk is always verified: here while it is copied.
-                snap = _C.read_file(path, verify=False)
-            except FileNotFoundError as e:
-                raise FileNotFoundError(
-                    f"{e}. Checkpoint step {step} in {self.dir} has no shard for rank {rank}: "
-                    "it was saved by fewer ranks; pass shards= to reshard sharded tensors") from None
-            return _Image(snap).materialize(device, verify=True, into=targets)
-        images = _read_all_ranks(self.dir, step)
+            raise FileNotFoundError(missing)
         own = next((img for r, img in images if r == rank), images[0][1])
         imgs = [img for _, img in images]
         own_pieces = own.shard_nodes()
@@ -981,8 +1070,8 @@ class Checkpointer:
             if key not in own_pieces:
                 raise ValueError(f"shards names '{key}', which is not a tensor of checkpoint step "
                                  f"{step} (it has: {', '.join(sorted(own_pieces)) or 'none'})")
-        assembled = {key: _assemble(key, want, imgs) for key, want in shards.items()}
-        return own.materialize(device, replace=assembled, into=targets)
+        assembled = {key: _assemble(key, want, imgs, targets.get(key)) for key, want in shards.items()}
+        return own.materialize(device, replace=assembled, into=targets, layout=layout)
 
     # -- lifetime --------------------------------------------------------------
 

@@ -9,12 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <thread>
-#include <tuple>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/net.h"
@@ -23,7 +20,6 @@
 #include "health/oom.h"
 #include "common/chaos.h"
 #include "health/failure_class.h"
-#include "health/stack_dump.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -58,59 +54,6 @@ std::string AddGlooInterface(const std::string& host, std::map<std::string, std:
   if (iface.empty() || ResolvesToLocalNonLoopback(HostName())) return "";
   (*env)["GLOO_SOCKET_IFNAME"] = iface;
   return iface;
-}
-
-std::string RoundEndpoint::ToKvValue() const {
-  return absl::StrCat(Endpoint{host, port}.ToString(), " probe=", probe_port);
-}
-
-absl::StatusOr<RoundEndpoint> RoundEndpoint::FromKvValue(const std::string& value) {
-  std::string ep_text = value;
-  RoundEndpoint out;
-  if (size_t sp = value.find(" probe="); sp != std::string::npos) {
-    ep_text = value.substr(0, sp);
-    if (!absl::SimpleAtoi(value.substr(sp + 7), &out.probe_port) || out.probe_port < 0 || out.probe_port > 65535)
-      return absl::InvalidArgumentError(absl::StrCat("bad round endpoint '", value, "'"));
-  }
-  auto ep = ParseEndpoint(ep_text, -1);
-  if (!ep.ok()) return ep.status();
-  out.host = ep->host;
-  out.port = ep->port;
-  return out;
-}
-
-std::string JudgeStore(StoreWatch* w, const TcpPortUse& use, double now_s,
-                       const google::protobuf::RepeatedPtrField<v1::RoundMember>& members,
-                       const std::string& master_addr) {
-  if (w->done) return "";
-  if (!use.listening) {
-    // Not yet (rank 0 has not called init_process_group), or the store is
-    // gone with rank 0's worker (that failure is reported on its own).
-    if (w->listening_since.has_value()) w->done = true;
-    return "";
-  }
-  if (!w->listening_since.has_value()) w->listening_since = now_s;
-  if (now_s - *w->listening_since < w->timeout_s) return "";
-  w->done = true;
-  std::set<std::string> peers(use.accepted_peers.begin(), use.accepted_peers.end());
-  std::vector<std::string> missing;
-  for (const auto& m : members) {
-    auto addrs = ResolveNumeric(m.host());
-    if (!addrs.ok()) continue;  // cannot tell from here
-    bool connected = false;
-    for (const std::string& a : *addrs) connected = connected || peers.count(a) > 0;
-    if (!connected) {
-      missing.push_back(absl::StrCat("group rank ", m.group_rank(), " (node ", m.node_id(), ", host ", m.host(),
-                                     ", ranks ", m.rank_offset(), "-", m.rank_offset() + m.local_world_size() - 1,
-                                     ")"));
-    }
-  }
-  if (missing.empty()) return "";
-  return absl::StrCat("the process group did not form: no rank of ", absl::StrJoin(missing, ", "),
-                      " reached the torch store at MASTER_ADDR ", Endpoint{master_addr, w->port}.ToString(),
-                      " within ", w->timeout_s, " s after it started listening. Check that those nodes reach ",
-                      master_addr, " and that their scripts call init_process_group "
-                      "(BALLAST_STORE_CONNECT_TIMEOUT_S waits longer)");
 }
 
 std::string MakeNodeId() { return absl::StrCat(HostName(), "-", getpid(), "-", RandomHex(2)); }
@@ -192,9 +135,6 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     spdlog::warn("progress: cannot create the shared-memory cells ({}); no hang detection or step times",
                  progress.status().ToString());
   }
-  hang_.timeout_s = options_.run.hang_timeout_s;
-  hang_.first_step_grace_s = options_.tunables.hang_first_step_grace_s;
-  hang_.checkpoint_grace_s = options_.tunables.hang_checkpoint_grace_s;
   spec.role = options_.run.role;
   spec.node_id = options_.node_id;
   spec.log_dir = options_.run.log_dir;
@@ -223,6 +163,16 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     spec.module = options_.run.module;
   }
   workers_ = std::make_unique<WorkerGroup>(std::move(spec));
+  if (progress_ != nullptr) {
+    HangResponderOptions ho;
+    ho.node_id = options_.node_id;
+    ho.hang.timeout_s = options_.run.hang_timeout_s;
+    ho.hang.first_step_grace_s = options_.tunables.hang_first_step_grace_s;
+    ho.hang.checkpoint_grace_s = options_.tunables.hang_checkpoint_grace_s;
+    ho.dump_wait_s = options_.tunables.hang_dump_wait_s;
+    hangs_ = std::make_unique<HangResponder>(std::move(ho), HangHooks::ForWorkers(workers_.get(), progress_.get()),
+                                             [this] { return Fmt(); });
+  }
 
   MasterClientOptions copts;
   copts.endpoint = options_.endpoint;
@@ -231,6 +181,20 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   copts.reconnect_timeout_s = options_.tunables.reconnect_timeout_s;
   copts.rpc_timeout_s = options_.tunables.rpc_timeout_s;
   client_ = std::make_unique<MasterClient>(copts);
+
+  RoundAddressOptions ro;
+  ro.node_id = options_.node_id;
+  ro.host = options_.host;
+  ro.node_rank = options_.run.node_rank;
+  ro.kv_wait_s = options_.tunables.kv_wait_s;
+  ro.reconnect_timeout_s = options_.tunables.reconnect_timeout_s;
+  ro.addr_check_timeout_s = options_.tunables.addr_check_timeout_s;
+  ro.store_connect_timeout_s = options_.tunables.store_connect_timeout_s;
+  round_address_ = std::make_unique<RoundAddress>(
+      std::move(ro),
+      RoundAddressHooks::Real([this](const std::string& k, const std::string& v) { return client_->KvSet(k, v); },
+                              [this](const std::string& k, double wait_s) { return client_->KvGet(k, wait_s); }),
+      [this] { return Fmt(); });
 }
 
 Agent::~Agent() {
@@ -517,8 +481,7 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
 
 void Agent::StopWorkers(const std::string& why, Breakpoint breakpoint) {
   if (precheck_ != nullptr) precheck_->Stop();
-  probe_.reset();
-  store_watch_ = StoreWatch{};
+  round_address_->RoundEnded();
   if (!workers_->started()) {
     running_round_ = false;
     return;
@@ -541,101 +504,12 @@ void Agent::StopWorkers(const std::string& why, Breakpoint breakpoint) {
   }
 }
 
-absl::StatusOr<RoundEndpoint> Agent::RoundMasterEndpoint(const v1::StartRound& start) {
-  const std::string key = absl::StrCat("round/", start.round(), "/master_endpoint");
-  if (start.group_rank() == 0) {
-    auto port = PickFreePort("0.0.0.0");
-    if (!port.ok()) return port.status();
-    RoundEndpoint ep{options_.host, *port, 0};
-    // The other members connect here before their workers start (and so do
-    // we): an address they cannot reach fails the round at once, instead of
-    // every worker hanging in init_process_group.
-    auto probe = ProbeListener::Start();
-    if (probe.ok()) {
-      probe_ = std::move(*probe);
-      ep.probe_port = probe_->port();
-    } else {
-      spdlog::warn("cannot open the address probe ({}); members check only that {} resolves {}",
-                   std::string(probe.status().message()), options_.host, Fmt());
-    }
-    absl::Status s;
-    auto t0 = Clock::now();
-    do {
-      s = client_->KvSet(key, ep.ToKvValue());
-      if (s.ok()) return ep;
-      if (!Retryable(s) || SupersedingEventPending()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    } while (SecondsSince(t0) < options_.tunables.reconnect_timeout_s);  // a restarting master comes back
-    return s;
-  }
-  auto t0 = Clock::now();
-  const double wait_s = options_.tunables.kv_wait_s;
-  absl::Status last;
-  while (SecondsSince(t0) < wait_s) {
-    // Wait in short slices so a newer decision or a signal is not held up.
-    if (SupersedingEventPending()) return absl::AbortedError("superseded by a newer event");
-    auto slice_start = Clock::now();
-    auto r = client_->KvGet(key, std::min(1.0, std::max(0.0, wait_s - SecondsSince(t0))));
-    if (r.ok()) return RoundEndpoint::FromKvValue(*r);
-    last = r.status();
-    if (!absl::IsNotFound(last) && !Retryable(last)) return last;
-    if (SecondsSince(slice_start) < 0.1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("group rank 0 did not publish ", key, " within ",
-                                                  static_cast<int>(wait_s), " s (", last.message(), ")"));
-}
-
-std::string Agent::CheckRoundAddress(const v1::StartRound& start, const RoundEndpoint& ep) {
-  const double timeout_s = options_.tunables.addr_check_timeout_s;
-  absl::Status s = ep.probe_port > 0 ? CheckTcpConnect(ep.host, ep.probe_port, timeout_s)
-                                     : LocalAddressToward(ep.host).status();
-  // Without a probe port only the name can be checked.
-  if (s.ok() || (ep.probe_port == 0 && !absl::IsNotFound(s))) return "";
-  std::string rank0 = "group rank 0";
-  for (const auto& m : start.members()) {
-    if (m.group_rank() == 0) rank0 = absl::StrCat("group rank 0 (node ", m.node_id(), ")");
-  }
-  const bool self = start.group_rank() == 0;
-  return absl::StrCat(
-      "node rank ", options_.run.node_rank, " (node ", options_.node_id, ", host ", options_.host, ", group rank ",
-      start.group_rank(), ") cannot reach the round's MASTER_ADDR ", Endpoint{ep.host, ep.port}.ToString(),
-      self ? " (its own announced address)" : absl::StrCat(", announced by ", rank0), ": ", s.message(),
-      ". The workers would hang in init_process_group. ",
-      self ? "Pass `--local-addr ADDR` to this node's `ballast run` with an address of this host that every node "
-             "reaches (e.g. its IP)"
-           : absl::StrCat("Pass `--local-addr ADDR` to the `ballast run` of ", rank0,
-                          " with an address of its host that every node reaches (e.g. its IP), or make '", ep.host,
-                          "' resolve on every node"));
-}
-
 void Agent::WatchStore() {
-  if (store_watch_.port == 0 || store_watch_.done || round_failed_reported_) return;
-  const uint64_t now = MonotonicNowNs();
-  if (now < next_store_check_ns_) return;
-  next_store_check_ns_ = now + 1'000'000'000ull;
-  auto use = LocalTcpPortUse(store_watch_.port);
-  if (!use.ok()) {
-    store_watch_.done = true;  // cannot tell: say nothing rather than guess
-    spdlog::debug("store watch: {} {}", use.status().ToString(), Fmt());
-    return;
-  }
-  std::string cause =
-      JudgeStore(&store_watch_, *use, static_cast<double>(now) / 1e9, round_start_.members(), options_.host);
-  if (cause.empty()) return;
-  spdlog::error("{} {}", cause, Fmt());
-  v1::FailureReport report;
-  report.set_node_id(options_.node_id);
-  report.set_round(round_);
-  report.set_local_rank(0);
-  report.set_global_rank(0);
-  health::FailureEvidence evidence;
-  evidence.store_timeout = true;
-  health::FailureClass fc = health::Classify(evidence);
-  report.set_cause(cause);
-  report.set_kind(health::FailureKindName(fc.kind));
-  report.set_max_retries(fc.max_retries);
+  if (round_failed_reported_) return;
+  std::optional<v1::FailureReport> report = round_address_->WatchStore(MonotonicNowNs(), round_start_);
+  if (!report.has_value()) return;
   round_failed_reported_ = true;
-  ReportFailure(report);
+  ReportFailure(*std::move(report));
 }
 
 void Agent::StartRound(const v1::StartRound& start) {
@@ -675,7 +549,7 @@ void Agent::StartRound(const v1::StartRound& start) {
     ReportFailure(report);
   };
 
-  auto endpoint = RoundMasterEndpoint(start);
+  auto endpoint = round_address_->Resolve(start, [this] { return SupersedingEventPending(); });
   if (absl::IsAborted(endpoint.status())) {
     spdlog::info("round {} superseded before its workers started {}", round_, Fmt());
     return;
@@ -684,7 +558,7 @@ void Agent::StartRound(const v1::StartRound& start) {
     report_start_failure(absl::StrCat("no MASTER_ADDR/MASTER_PORT for the round: ", endpoint.status().message()));
     return;
   }
-  if (std::string cause = CheckRoundAddress(start, *endpoint); !cause.empty()) {
+  if (std::string cause = round_address_->Check(start, *endpoint); !cause.empty()) {
     report_start_failure(cause, /*unreachable=*/true);
     return;
   }
@@ -729,11 +603,7 @@ void Agent::StartRound(const v1::StartRound& start) {
   oom_kills_seen_ = health::CgroupOomKills();
   timeline_.WorkersStarted(MonotonicNowNs());
   if (warm_starter_ != nullptr) warm_starter_->WorkersStarted(timeline_.started_ns());
-  store_watch_ = StoreWatch{};
-  if (start.rank_offset() == 0 && start.world_size() > 1) {
-    store_watch_.port = rs.master_port;
-    store_watch_.timeout_s = options_.tunables.store_connect_timeout_s;
-  }
+  round_address_->WorkersStarted(start, rs.master_port);
   PublishState();
   spdlog::info("round {}: node {} of {}, ranks {}-{} of {}, restart {}/{}, MASTER_ADDR={}:{}, {} start {}", round_,
                start.group_rank(), start.group_world_size(), start.rank_offset(), start.rank_offset() + nproc - 1,
@@ -869,117 +739,14 @@ void Agent::TrackTimeline() {
 }
 
 void Agent::CheckHangs() {
-  if (progress_ == nullptr || hang_.timeout_s <= 0 || round_failed_reported_) return;
-  const uint64_t now = MonotonicNowNs();
-  const std::vector<WorkerInfo> workers = workers_->Workers();
-  struct Hung {
-    const WorkerInfo* worker;
-    CellSnapshot cell;
-    HangVerdict verdict;
-    health::StackSummary stack;
-  };
-  std::vector<Hung> hung;
-  for (const WorkerInfo& w : workers) {
-    if (w.state != WorkerState::kRunning || w.local_rank >= progress_->num_cells()) continue;
-    const CellSnapshot c = progress_->Read(w.local_rank);
-    const HangVerdict cv = CheckHang(c, now, round_started_ns_, hang_);
-    if (cv.hung) hung.push_back({&w, c, cv, {}});
-  }
-  if (hung.empty()) return;
-  spdlog::error("{} worker(s) hung: no progress for {:.1f} s (limit {:.0f} s, {}) {}; dumping the Python stacks "
-                "of this node's workers",
-                hung.size(), hung[0].verdict.idle_s, hung[0].verdict.limit_s, hung[0].verdict.phase, Fmt());
-  // `import ballast` registered faulthandler on SIGUSR1 (all threads, to
-  // stderr), which the output reader forwards, logs and captures here. Every
-  // worker, not only the hung ones: the others usually wait in a collective,
-  // and their stacks show where. One at a time, so their dumps do not
-  // interleave. Only the worker process, not its group: its children did not
-  // install the handler and SIGUSR1 would end them.
-  // A dump is done when its lines stop coming (50 ms quiet); a worker that
-  // writes none costs its share of BALLAST_HANG_DUMP_WAIT_S.
-  const double wait_s = options_.tunables.hang_dump_wait_s;
-  const auto share = std::chrono::duration<double>(wait_s / std::max<size_t>(1, workers.size()));
-  std::vector<const WorkerInfo*> dumped;
-  for (const WorkerInfo& o : workers) {
-    if (o.state != WorkerState::kRunning || o.pid <= 0) continue;
-    spdlog::info("Python stacks of rank {} (local rank {}, pid {}):", o.global_rank, o.local_rank, o.pid);
-    workers_->StartStderrCapture(o.local_rank);
-    kill(o.pid, SIGUSR1);
-    dumped.push_back(&o);
-    const auto deadline = Clock::now() + share;
-    size_t lines = 0;
-    auto last_change = Clock::now();
-    while (Clock::now() < deadline) {
-      const size_t n = workers_->CapturedLines(o.local_rank);
-      if (n != lines) {
-        lines = n;
-        last_change = Clock::now();
-      } else if (n > 0 && Clock::now() - last_change >= std::chrono::milliseconds(50)) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
-  for (const WorkerInfo* o : dumped) {
-    health::StackSummary st = health::SummarizeStackDump(workers_->TakeStderrCapture(o->local_rank));
-    spdlog::info("rank {} (local rank {}): {}", o->global_rank, o->local_rank,
-                 !st.found          ? "no stack dump (the worker did not import ballast?)"
-                 : st.in_collective ? absl::StrCat("waiting in a collective at ", st.top_frame)
-                                    : absl::StrCat("stopped outside any collective at ", st.top_frame));
-    for (Hung& h : hung) {
-      if (h.worker->local_rank == o->local_rank) h.stack = st;
-    }
-  }
-  // Blame: a rank outside a collective (the others wait for it), then the
-  // lowest step, then the oldest progress.
-  auto key = [](const Hung& h) {
-    const bool outside = h.stack.found && !h.stack.in_collective;
-    const int64_t step = h.cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(h.cell.step);
-    return std::make_tuple(outside ? 0 : 1, step, h.cell.timestamp_ns);
-  };
-  const Hung* blamed = &hung[0];
-  for (const Hung& h : hung) {
-    if (key(h) < key(*blamed)) blamed = &h;
-  }
-  const WorkerInfo& w = *blamed->worker;
-  const std::string last_step = blamed->cell.timestamp_ns == 0 ? "none" : absl::StrCat(blamed->cell.step);
-  spdlog::error("worker hung: no progress for {:.1f} s (limit {:.0f} s, {}; last step {}) node={} rank={} "
-                "local_rank={} round={}{}",
-                blamed->verdict.idle_s, blamed->verdict.limit_s, blamed->verdict.phase, last_step, options_.node_id,
-                w.global_rank, w.local_rank, round_,
-                blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "");
-  kill(-w.pid, SIGKILL);
+  if (hangs_ == nullptr || round_failed_reported_) return;
+  std::optional<v1::FailureReport> report = hangs_->Check(MonotonicNowNs(), round_started_ns_, round_);
+  if (!report.has_value()) return;
   timeline_.FailureSeen(MonotonicNowNs());
   // Reported now, with the hang as its cause; the reaped SIGKILL (and the
   // other workers' failures that follow it) are then consequences.
   round_failed_reported_ = true;
-  v1::FailureReport report;
-  report.set_node_id(options_.node_id);
-  report.set_round(round_);
-  report.set_local_rank(w.local_rank);
-  report.set_global_rank(w.global_rank);
-  report.set_signal(SIGKILL);
-  report.set_stderr_tail(absl::StrCat("no progress for ", static_cast<int>(blamed->verdict.idle_s), " s (",
-                                      blamed->verdict.phase, ", last step ", last_step, ")",
-                                      blamed->stack.found ? absl::StrCat("; stack top: ", blamed->stack.top_frame,
-                                                                         blamed->stack.in_collective
-                                                                             ? " (waiting in a collective)"
-                                                                             : "")
-                                                          : "",
-                                      "; Python stacks are in the agent's log"));
-  report.set_hang_last_step(blamed->cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(blamed->cell.step));
-  report.set_hang_idle_s(blamed->verdict.idle_s);
-  report.set_hang_stack_found(blamed->stack.found);
-  report.set_hang_in_collective(blamed->stack.in_collective);
-  report.set_hang_top_frame(blamed->stack.top_frame);
-  health::FailureEvidence evidence;
-  evidence.signal = SIGKILL;
-  evidence.hang = true;
-  health::FailureClass fc = health::Classify(evidence);
-  report.set_cause(fc.cause);
-  report.set_kind(health::FailureKindName(fc.kind));
-  report.set_max_retries(fc.max_retries);
-  ReportFailure(report);
+  ReportFailure(*std::move(report));
 }
 
 void Agent::MaybeReportProgress(bool now_please) {

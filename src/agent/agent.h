@@ -29,11 +29,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "agent/ckpt_persister.h"
+#include "agent/hang_responder.h"
 #include "agent/master_client.h"
 #include "agent/precheck_runner.h"
 #include "agent/progress_monitor.h"
 #include "agent/recovery_timeline.h"
 #include "agent/replica_coordinator.h"
+#include "agent/round_address.h"
 #include "agent/run_options.h"
 #include "agent/warm_starter.h"
 #include "agent/worker_group.h"
@@ -72,34 +74,6 @@ std::string DeriveHost(const std::string& local_addr, const std::string& master_
 // here, and the user did not set the variable. Returns the interface set, or "".
 std::string AddGlooInterface(const std::string& host, std::map<std::string, std::string>* env);
 
-// The round's MASTER_ADDR:PORT, as group rank 0 publishes it in the master's
-// KV store ("host:port probe=P"): probe_port is a port on the same host that
-// accepts connections, so members can prove they reach the address before
-// their workers start (0: none was published).
-struct RoundEndpoint {
-  std::string host;
-  int port = 0;
-  int probe_port = 0;
-  std::string ToKvValue() const;
-  static absl::StatusOr<RoundEndpoint> FromKvValue(const std::string& value);
-};
-
-// The process group's formation, seen from the node of global rank 0: its
-// TCPStore listens on MASTER_PORT and every rank connects to it (torch opens
-// one or two connections per rank, so only "none from a node" is certain).
-// `use` is what /proc/net/tcp says about that port now. Once the store has
-// listened for timeout_s, the watch is done: it returns the failure cause when
-// some member node has no connection to the store at all (naming those
-// nodes), else "". Members whose host does not resolve here are not judged.
-struct StoreWatch {
-  int port = 0;            // 0: not watching
-  double timeout_s = 0;
-  std::optional<double> listening_since;  // seconds, any monotonic clock
-  bool done = false;
-};
-std::string JudgeStore(StoreWatch* watch, const TcpPortUse& use, double now_s,
-                       const google::protobuf::RepeatedPtrField<v1::RoundMember>& members,
-                       const std::string& master_addr);
 // "<hostname>-<pid>-<4 hex>".
 std::string MakeNodeId();
 // <dir of exe_path>/../python when that directory exists (the build tree's
@@ -164,15 +138,8 @@ class Agent {
   std::optional<int> HandleDecision(const v1::Decision& d);
   void StartRound(const v1::StartRound& start);
   std::optional<int> PollWorkers();
-  // Resolves MASTER_ADDR/PORT for the round; kAborted when a pending event
-  // (newer decision, signal) superseded the start while waiting.
-  absl::StatusOr<RoundEndpoint> RoundMasterEndpoint(const v1::StartRound& start);
-  // Every member, before its workers start: the round's MASTER_ADDR resolves
-  // here and its probe port accepts a connection. The failure cause names this
-  // node and says what to pass, or "".
-  std::string CheckRoundAddress(const v1::StartRound& start, const RoundEndpoint& ep);
   // On the node of global rank 0: fails the round when a member node never
-  // reached the torch store (JudgeStore).
+  // reached the torch store (RoundAddress::WatchStore).
   void WatchStore();
   void ReportFailure(v1::FailureReport report);
   // Stops the workers; then, unless the job succeeded, the breakpoint save:
@@ -183,8 +150,8 @@ class Agent {
   // Creates the checkpoint stores (after Join: their names carry the job id).
   void StartCheckpointStores(const std::string& job_id);
   void PublishState();
-  // Hang detection (--hang-timeout): a hung worker's stacks are dumped, it is
-  // killed and its failure reported with the hang evidence.
+  // Hang detection (--hang-timeout, HangResponder): a hung worker's stacks
+  // are dumped, it is killed and its failure reported with the hang evidence.
   void CheckHangs();
   // Every progress_report_interval_s (or now): the node's min step and step time.
   void MaybeReportProgress(bool now_please = false);
@@ -213,18 +180,17 @@ class Agent {
   std::unique_ptr<PrecheckRunner> precheck_;
   // The workers' progress cells (BALLAST_PROGRESS_SHM); null when /dev/shm is unusable.
   std::unique_ptr<ProgressMonitor> progress_;
-  HangOptions hang_;
+  // Declared after progress_ and workers_, which it points to; null when
+  // progress_ is.
+  std::unique_ptr<HangResponder> hangs_;
   // Chaos kill-agent (common/chaos.h): CLOCK_MONOTONIC time at which this
   // agent SIGKILLs itself; 0 = never. Armed when workers first start.
   double chaos_kill_after_s_ = -1;
   uint64_t chaos_kill_at_ns_ = 0;
   uint64_t round_started_ns_ = 0;       // CLOCK_MONOTONIC when round_'s workers started
   uint64_t next_progress_report_ns_ = 0;
-  // Group rank 0: accepts the other members' address checks while round_ runs.
-  std::unique_ptr<ProbeListener> probe_;
-  // Group rank 0: the round's TCPStore (StoreWatch); port 0 = not watching.
-  StoreWatch store_watch_;
-  uint64_t next_store_check_ns_ = 0;
+  // The round's MASTER_ADDR:PORT: publish or fetch, address probe, store watch.
+  std::unique_ptr<RoundAddress> round_address_;
   v1::StartRound round_start_;  // the StartRound of round_
   RecoveryTimeline timeline_;  // the current (re)start's stages
   v1::StartTimeline last_timeline_;  // the last completed one, for the master's status

@@ -500,58 +500,5 @@ TEST(AgentHelpers, DerivesHostAndCommand) {
   EXPECT_EQ(spec.run_id(), "");
 }
 
-TEST(RoundEndpoint, KvValueRoundTripsAndOldValuesHaveNoProbe) {
-  RoundEndpoint ep{"10.0.0.2", 29500, 41000};
-  EXPECT_EQ(ep.ToKvValue(), "10.0.0.2:29500 probe=41000");
-  auto back = RoundEndpoint::FromKvValue(ep.ToKvValue());
-  ASSERT_TRUE(back.ok());
-  EXPECT_EQ(back->host, "10.0.0.2");
-  EXPECT_EQ(back->port, 29500);
-  EXPECT_EQ(back->probe_port, 41000);
-  auto old = RoundEndpoint::FromKvValue("host2:29500");
-  ASSERT_TRUE(old.ok());
-  EXPECT_EQ(old->probe_port, 0);
-  EXPECT_FALSE(RoundEndpoint::FromKvValue("h:1 probe=x").ok());
-}
-
-google::protobuf::RepeatedPtrField<v1::RoundMember> Members() {
-  google::protobuf::RepeatedPtrField<v1::RoundMember> ms;
-  const char* hosts[] = {"10.0.0.1", "10.0.0.2", "10.0.0.3"};
-  for (int g = 0; g < 3; ++g) {
-    v1::RoundMember* m = ms.Add();
-    m->set_node_id(absl::StrCat("n", g));
-    m->set_group_rank(g);
-    m->set_local_world_size(2);
-    m->set_rank_offset(2 * g);
-    m->set_host(hosts[g]);
-  }
-  return ms;
-}
-
-TEST(JudgeStore, NamesTheNodesWithNoConnectionOnceTheTimeoutPassed) {
-  StoreWatch w{29500, 10.0, std::nullopt, false};
-  TcpPortUse use{true, {"10.0.0.1", "10.0.0.1", "10.0.0.3"}};
-  EXPECT_EQ(JudgeStore(&w, TcpPortUse{}, 100.0, Members(), "10.0.0.1"), "");  // not listening yet
-  EXPECT_EQ(JudgeStore(&w, use, 101.0, Members(), "10.0.0.1"), "");
-  EXPECT_EQ(JudgeStore(&w, use, 110.5, Members(), "10.0.0.1"), "");  // 9.5 s of 10
-  std::string cause = JudgeStore(&w, use, 111.5, Members(), "10.0.0.1");
-  EXPECT_THAT(cause, HasSubstr("the process group did not form: no rank of group rank 1 (node n1, host 10.0.0.2, "
-                               "ranks 2-3) reached the torch store at MASTER_ADDR 10.0.0.1:29500 within 10 s"));
-  EXPECT_TRUE(w.done);
-  EXPECT_EQ(JudgeStore(&w, use, 200.0, Members(), "10.0.0.1"), "");  // judged once
-}
-
-TEST(JudgeStore, EveryNodeConnectedOrStoreGoneIsNoFailure) {
-  StoreWatch ok{29500, 1.0, std::nullopt, false};
-  TcpPortUse all{true, {"10.0.0.1", "10.0.0.2", "10.0.0.3"}};
-  EXPECT_EQ(JudgeStore(&ok, all, 0.0, Members(), "10.0.0.1"), "");
-  EXPECT_EQ(JudgeStore(&ok, all, 5.0, Members(), "10.0.0.1"), "");
-  EXPECT_TRUE(ok.done);
-  StoreWatch gone{29500, 1.0, std::nullopt, false};
-  EXPECT_EQ(JudgeStore(&gone, TcpPortUse{true, {}}, 0.0, Members(), "10.0.0.1"), "");
-  EXPECT_EQ(JudgeStore(&gone, TcpPortUse{}, 5.0, Members(), "10.0.0.1"), "");  // rank 0's worker died
-  EXPECT_TRUE(gone.done);
-}
-
 }  // namespace
 }  // namespace ballast::agent

@@ -2,7 +2,8 @@
 //   ls <dir>                       steps, completeness, latest
 //   inspect <dir> [--step --rank]  entries (key, dtype, shape, bytes) of one shard
 //   verify <dir> [--step]          every shard's checksums; exit 1 naming bad files
-//   export <dir> --to F [...]      a torch.load-able file (runs python3 -m ballast.export)
+//   export <dir> --to F [...]      a torch.load-able file, or a DCP directory with --format dcp
+//                                  (runs python3 -m ballast.export)
 // ls/inspect/verify use the C++ reader (src/ckpt/reader.h) and need no Python.
 #include <unistd.h>
 
@@ -39,8 +40,9 @@ constexpr char kUsage[] =
     "  ls <dir>                                 list steps (complete or not) and the latest\n"
     "  inspect <dir> [--step N] [--rank R]      list a shard's tensors: key, dtype, shape, bytes\n"
     "  verify <dir> [--step N]                  check every shard's checksums (exit 1 if bad)\n"
-    "  export <dir> --to FILE [--step N] [--rank R] [--full] [--python PY]\n"
-    "                                           write a step as a file torch.load reads\n";
+    "  export <dir> --to FILE [--step N] [--rank R] [--full] [--format pt|dcp] [--python PY]\n"
+    "                                           write a step as a file torch.load reads, or (dcp)\n"
+    "                                           as a directory torch.distributed.checkpoint.load reads\n";
 
 std::string HumanBytes(uint64_t n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -285,12 +287,16 @@ std::string PackageDirNextToBinary() {
 
 int Export(const Args& args) {
   CLI::App app{"Write one step of a checkpoint as a file that torch.load reads.", "ckpt export"};
-  std::string dir, to, python;
+  std::string dir, to, python, format = "pt";
   std::optional<uint64_t> step;
   int rank = 0;
   bool full = false;
   app.add_option("dir", dir, "Checkpoint directory")->required();
-  app.add_option("--to", to, "Output file (.pt)")->required();
+  app.add_option("--to", to, "Output file (.pt), or directory with --format dcp")->required();
+  app.add_option("--format", format,
+                 "pt: a torch.save file of one rank's state; dcp: a torch.distributed.checkpoint directory of "
+                 "the whole state (whole tensors; torch >= 2.2)")
+      ->check(CLI::IsMember({"pt", "dcp"}));
   app.add_option("--step", step, "Step (default: latest)");
   app.add_option("--rank", rank, "Rank whose shard to export (default 0)");
   app.add_flag("--full", full, "Assemble sharded tensors from every rank into whole tensors");
@@ -310,7 +316,7 @@ int Export(const Args& args) {
     setenv("PYTHONPATH", path.c_str(), 1);
   }
   std::vector<std::string> argv = {python, "-m", "ballast.export", dir, "--to", to,
-                                   "--rank", std::to_string(rank)};
+                                   "--rank", std::to_string(rank), "--format", format};
   if (step.has_value()) {
     argv.push_back("--step");
     argv.push_back(std::to_string(*step));

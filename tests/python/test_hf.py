@@ -1,0 +1,54 @@
+"""Hugging Face Trainer with Ballast turned on by one line
+(callbacks=[BallastCallback(...)], tests/python/hf_train.py), on the pinned
+torch 2.x and transformers, under `ballast launch`, 1 node x 2 workers, DDP
+over gloo: a worker SIGKILLed after step 6's flash save restarts, the Trainer
+resumes from step 6 in memory through its own resume path (data skip, RNG,
+scheduler), and the job ends with the very weights of a run without the fault.
+"""
+
+import json
+import os
+import subprocess
+import unittest
+
+from _util import TestCase
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
+if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
+    raise RuntimeError(f"no ballast binary at {BIN}: run `make` (or set BALLAST_BIN)")
+SCRIPT = os.path.join(HERE, "hf_train.py")
+
+
+def torch2_python():
+    py = os.environ.get("BALLAST_TORCH2_PYTHON", "")
+    if not py or not os.access(py, os.X_OK):
+        raise AssertionError(f"no torch 2.x interpreter at BALLAST_TORCH2_PYTHON={py!r}: run `make test` (it builds "
+                             "the venv with scripts/torch2-venv.sh) or set BALLAST_TORCH2_PYTHON")
+    return py
+
+
+class HuggingFaceTrainer(TestCase):
+    def run_job(self, name, *extra):
+        out = os.path.join(self.tmp, name)
+        os.makedirs(out)
+        argv = [BIN, "launch", "--python", torch2_python(), "--nodes", "1", "--nproc-per-node", "2",
+                SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"), "--steps", "12", *extra]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=240,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        log = p.stdout[-4000:] + p.stderr[-8000:]
+        self.assertEqual(p.returncode, 0, log)
+        with open(os.path.join(out, "result.json")) as f:
+            return json.load(f), log
+
+    def test_worker_kill_resumes_from_memory_with_the_same_result(self):
+        clean, _ = self.run_job("clean")
+        self.assertEqual((clean["resumed_step"], clean["global_step"], clean["world"]), (None, 12, 2))
+        faulty, log = self.run_job("faulty", "--kill-step", "6")
+        self.assertIn("killed by SIGKILL", log)
+        self.assertEqual((faulty["resumed_step"], faulty["source"], faulty["global_step"]), (6, "memory", 12), log)
+        self.assertEqual(faulty["sha256"], clean["sha256"], "the resumed run must end with the same weights")
+
+
+if __name__ == "__main__":
+    unittest.main()
