@@ -92,8 +92,9 @@ class Shard:
                 f"offsets={self.offsets}, dtype={self.tensor.dtype})")
 
 
-def _prepare_tensor(t, path):
-    """A CPU, contiguous, plain-strided tensor with the same values, and its dtype name."""
+def _prepare_tensor(t, path, keep_device=False):
+    """A CPU (or, with keep_device, the tensor's own device), contiguous,
+    plain-strided tensor with the same values, and its dtype name."""
     where = "/".join(path) or "<root>"
     if t.layout != torch.strided:
         raise TypeError(f"cannot checkpoint the {t.layout} tensor at '{where}': only dense "
@@ -105,7 +106,7 @@ def _prepare_tensor(t, path):
     if name is None:
         raise TypeError(f"cannot checkpoint the tensor at '{where}': dtype {t.dtype} is not supported")
     t = t.detach()
-    if t.device.type != "cpu":
+    if t.device.type != "cpu" and not keep_device:
         t = t.cpu()  # through torch: synchronizes the copy from the device
     if t.is_conj():
         t = t.resolve_conj()
@@ -116,13 +117,67 @@ def _prepare_tensor(t, path):
     return t, name
 
 
-class Encoder:
-    """Turns a state into the JSON tree plus (key, dtype, shape, data, nbytes) entries."""
+class HostBuffers:
+    """Pinned host buffers for the CUDA tensors of a state, kept from save to
+    save (pinning is slow; a buffer is reused while its key keeps its shape
+    and dtype), and one side stream per device for the device-to-host copies.
+
+    The copies of one save are queued together on the side stream, which
+    first waits for the work already queued on the tensor's current stream
+    (the values are final), so they run back to back at full DMA speed
+    without a synchronization per tensor and without stalling the training
+    stream; the save then waits for the side stream before it reads the
+    buffers. Memory: one pinned host copy of the state's CUDA tensors.
+
+    UNTESTED on GPUs (no accelerator here): written and reviewed only.
+    """
 
     def __init__(self):
+        self._buffers = {}
+        self._streams = {}
+
+    def buffer(self, key, t):
+        buf = self._buffers.get(key)
+        if buf is None or buf.dtype != t.dtype or buf.shape != t.shape:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._buffers[key] = buf
+        return buf
+
+    def copy(self, pairs):
+        """Copies each (host buffer, device tensor) pair and waits for all."""
+        by_device = {}
+        for host, t in pairs:
+            by_device.setdefault(t.device, []).append((host, t))
+        streams = []
+        for device, items in by_device.items():
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for host, t in items:
+                    host.copy_(t, non_blocking=True)
+                    # The caching allocator must not reuse t's memory before the copy ran.
+                    t.record_stream(stream)
+            streams.append(stream)
+        for stream in streams:
+            stream.synchronize()
+
+
+class Encoder:
+    """Turns a state into the JSON tree plus (key, dtype, shape, data, nbytes) entries.
+
+    host_buffers: a HostBuffers for CUDA tensors (pinned buffers and a side
+    stream; call finish() before the entries are read); without it a CUDA
+    tensor is copied with tensor.cpu().
+    """
+
+    def __init__(self, host_buffers=None):
         self.entries = []
         self.keepalive = []  # the tensors whose memory the entries point at
         self._used = {TREE_KEY}
+        self._host = host_buffers
+        self._d2h = []  # (pinned host buffer, device tensor) still to copy
 
     def _key(self, path):
         key = "/".join(path) or "."
@@ -135,11 +190,23 @@ class Encoder:
         return key
 
     def _tensor(self, t, path):
-        t, name = _prepare_tensor(t, path)
+        cuda = self._host is not None and t.device.type == "cuda"
+        t, name = _prepare_tensor(t, path, keep_device=cuda)
         key = self._key(path)
+        if cuda:
+            host = self._host.buffer(key, t)
+            self._d2h.append((host, t))
+            self.keepalive.append(t)
+            t = host
         self.keepalive.append(t)
         self.entries.append((key, name, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size()))
         return key
+
+    def finish(self):
+        """Completes the device-to-host copies: the entries' data is then final."""
+        if self._d2h:
+            self._host.copy(self._d2h)
+            self._d2h = []
 
     def _dist_node(self, obj, local, path, geometry):
         out = {"s": self._tensor(local, path)}
@@ -211,15 +278,17 @@ class Encoder:
             "torch.dtype/device and dicts/lists/tuples of them (no pickle); convert it first")
 
 
-def encode_state(state, header):
+def encode_state(state, header, host_buffers=None):
     """Returns (entries for Store.save, objects to keep alive during the save).
 
     The tree blob comes first so that `ballast ckpt inspect` shows it on top.
+    host_buffers: see Encoder.
     """
-    enc = Encoder()
+    enc = Encoder(host_buffers)
     doc = dict(header)
     doc["format"] = FORMAT_VERSION
     doc["tree"] = enc.node(state, ())
+    enc.finish()
     blob = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
     entries = [(TREE_KEY, "blob", (), blob, len(blob))] + enc.entries
     return entries, (enc.keepalive, blob)

@@ -423,6 +423,7 @@ class Checkpointer:
         self._largest_image = 0  # bytes of the largest image saved (a bigger one sizes the memory)
         self._growth_noted = False
         self._persist_key = None
+        self._host = None  # _tree.HostBuffers for CUDA tensors (GPU saves)
         name = shm or os.environ.get(ENV_SHM) or None
         if name:
             store = _C.open_store(name)
@@ -510,7 +511,7 @@ class Checkpointer:
         rank, world = self.rank_world()
         if not blocking:
             entries, keepalive = _tree.encode_state(
-                state_dict, {"rank": rank, "world_size": world, "step": step})
+                state_dict, {"rank": rank, "world_size": world, "step": step}, self._host_buffers())
             # Small tensors by value now; the rest is read by the copy thread.
             entries = [(k, n, shape, ctypes.string_at(data, nbytes)
                         if isinstance(data, int) and 0 < nbytes < _ASYNC_CLONE_BYTES else data, nbytes)
@@ -522,7 +523,7 @@ class Checkpointer:
         _C.progress_checkpoint(True)
         try:
             entries, keepalive = _tree.encode_state(
-                state_dict, {"rank": rank, "world_size": world, "step": step})
+                state_dict, {"rank": rank, "world_size": world, "step": step}, self._host_buffers())
             stats = self._store.save(step, entries)
             del keepalive
         finally:
@@ -530,6 +531,13 @@ class Checkpointer:
         self._note_growth(step, stats)
         if persist:
             self._request_persist(step, rank, world)
+
+    def _host_buffers(self):
+        """Pinned host buffers for CUDA tensors (created at the first save
+        that needs them; None without CUDA)."""
+        if self._host is None and torch.cuda.is_available():
+            self._host = _tree.HostBuffers()
+        return self._host
 
     def _note_growth(self, step, stats):
         """Says once when a save was slow because it sized the shared memory (the first ones)."""
