@@ -117,6 +117,24 @@ class Fsdp2Reshard(TestCase):
             self.assertEqual((e["step"], e["source"], e["ok"]), (3, "dcp", True), e)
 
 
+class Fsdp2Example(TestCase):
+    def test_example_runs_as_written_and_resumes_on_another_world(self):
+        example = os.path.join(HERE, "../../examples/fsdp2_train.py")
+        ckpt = os.path.join(self.tmp, "ckpt")
+        outs = []
+        for nproc, steps in ((2, 12), (3, 16)):
+            p = subprocess.run([BIN, "launch", "--python", torch2_python(), "--nodes", "1", "--nproc-per-node",
+                                str(nproc), example, "--ckpt", ckpt, "--steps", str(steps)],
+                               capture_output=True, text=True, timeout=200, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-6000:])
+            outs.append(p.stdout + p.stderr)
+        self.assertIn("done: 12 steps on 2 ranks", outs[0])
+        # The second job (3 ranks) starts from the first one's last step on disk, resharded.
+        for r in range(3):
+            self.assertIn(f"rank {r}/3: resumed from step 12 (disk)", outs[1])
+        self.assertIn("done: 16 steps on 3 ranks", outs[1])
+
+
 class Fsdp2NodeLoss(TestCase):
     def test_node_lost_world_shrinks_and_loads_from_memory(self):
         out = os.path.join(self.tmp, "launch")

@@ -49,6 +49,16 @@ class HuggingFaceTrainer(TestCase):
         self.assertEqual((faulty["resumed_step"], faulty["source"], faulty["global_step"]), (6, "memory", 12), log)
         self.assertEqual(faulty["sha256"], clean["sha256"], "the resumed run must end with the same weights")
 
+    def test_example_runs_as_written(self):
+        example = os.path.join(HERE, "../../examples/hf_trainer.py")
+        p = subprocess.run([BIN, "launch", "--python", torch2_python(), "--nodes", "1", "--nproc-per-node", "2",
+                            example, "--ckpt", os.path.join(self.tmp, "ckpt"), "--out", os.path.join(self.tmp, "out"),
+                            "--steps", "6"], capture_output=True, text=True, timeout=200,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        log = p.stdout[-3000:] + p.stderr[-6000:]
+        self.assertEqual(p.returncode, 0, log)
+        self.assertIn("'train_runtime'", p.stdout + p.stderr)  # the Trainer's closing report
+
 
 if __name__ == "__main__":
     unittest.main()
