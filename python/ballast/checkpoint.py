@@ -145,7 +145,40 @@ class _Image:
         _tree.walk_refs(self.doc["tree"], refs)
         return _dtensor.geometry_of(refs)
 
-    def materialize(self, device=None, replace=None, shards_as_tensors=(), verify=False, into=None, layout=None):
+    def _private(self):
+        """(a private copy-on-write mapping of this image's data, see
+        _PrivateData in the bindings; the entries' offsets in it), or None
+        when the image is not a shared-memory slot's."""
+        if not hasattr(self, "_private_data"):
+            priv = self.snap.private_data()
+            self._private_data = None if priv is None else (priv, self.snap.entry_offsets())
+        return self._private_data
+
+    @staticmethod
+    def _view(priv, offset, dtype, shape, nbytes):
+        """A tensor of `shape` over priv's bytes [offset, offset + nbytes), or
+        None when this torch cannot view that dtype. Not a view of another
+        tensor (no _base): its storage alone holds the mapping, so replacing
+        its data (Checkpointer._release_views) lets the mapping go."""
+        numel = _numel(shape)
+        if numel * _elem_size(dtype) != nbytes or len(priv) < offset + nbytes:
+            raise CheckpointCorruptError(f"an entry of {nbytes} bytes at {offset} does not hold shape {shape} "
+                                         f"within {len(priv)} bytes of data")
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # complex32 is "experimental" in torch 1.13
+                t = torch.frombuffer(priv, dtype=dtype, count=numel, offset=offset)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if len(shape) != 1:
+            storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+            t.set_(storage, 0, shape, _dtensor.contiguous_strides(shape))
+        return t
+
+    def materialize(self, device=None, replace=None, shards_as_tensors=(), verify=False, into=None, layout=None,
+                    zero_copy=False):
         """Copies the image into tensors and rebuilds the saved state.
 
         replace: {key: tensor} used instead of the image's own data.
@@ -156,6 +189,12 @@ class _Image:
             Checkpointer.load); the state then holds those tensor objects.
         layout: the load's _dtensor.Layout: which Shard nodes come back as
             the caller's DTensor/ShardedTensor or as new DTensors.
+        zero_copy: tensors without a target view the image (a shared-memory
+            slot) through a private copy-on-write mapping instead of being
+            copied: no allocation, no copy; writing to them copies the pages
+            written, never changing the checkpoint; they keep the slot pinned
+            (never chosen by a save) while they live. Verified first (one
+            parallel read pass) when verify is set.
         """
         replace = replace or {}
         into = into or {}
@@ -165,6 +204,10 @@ class _Image:
         targets = []
         fresh = True
         copy_back = []  # (fresh tensor, caller's tensor) for targets not written directly
+        private = self._private() if zero_copy and device is None else None
+        if private is not None and verify:
+            self.snap.verify()  # one parallel pass; the copies below then skip their check
+        self.views = []
         for node in refs:
             key = node.get("t", node.get("s"))
             if key is None or key in tensors:
@@ -177,6 +220,15 @@ class _Image:
                     "cannot hold" if dtype != "blob" else
                     f"checkpoint {self.source}: entry '{key}' is a blob, not a tensor")
             dst = into.get(key)
+            if dst is None and private is not None:
+                try:
+                    t = self._view(private[0], private[1][i], torch_dtype, shape, nbytes)
+                except CheckpointCorruptError as e:
+                    raise CheckpointCorruptError(f"checkpoint {self.source}: entry '{key}': {e}") from None
+                if t is not None:
+                    tensors[key] = t
+                    self.views.append(t)
+                    continue
             if dst is not None and (dst.dtype != torch_dtype or tuple(dst.shape) != tuple(shape)):
                 raise ValueError(f"load(into=...): '{key}' is {dst.dtype} {tuple(dst.shape)} here but was saved "
                                  f"as {torch_dtype} {tuple(shape)}")
@@ -219,6 +271,20 @@ class _Image:
             return Shard(tensors[key], node["gs"], node["go"])
 
         return _tree.decode(self.doc["tree"], resolve)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+@functools.lru_cache(maxsize=None)
+def _elem_size(dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is "experimental" in torch 1.13
+        return torch.empty((), dtype=dtype).element_size()
 
 
 class _TargetIndex(_tree.Encoder):
@@ -424,6 +490,7 @@ class Checkpointer:
         self._growth_noted = False
         self._persist_key = None
         self._host = None  # _tree.HostBuffers for CUDA tensors (GPU saves)
+        self._views = []  # weakrefs to the tensors that view a memory slot (load's zero copy)
         name = shm or os.environ.get(ENV_SHM) or None
         if name:
             store = _C.open_store(name)
@@ -510,6 +577,7 @@ class Checkpointer:
         self._store.wait_incoming(_INCOMING_WAIT_S)  # the agent is the store's writer until then
         rank, world = self.rank_world()
         if not blocking:
+            self._release_views()
             entries, keepalive = _tree.encode_state(
                 state_dict, {"rank": rank, "world_size": world, "step": step}, self._host_buffers())
             # Small tensors by value now; the rest is read by the copy thread.
@@ -531,6 +599,20 @@ class Checkpointer:
         self._note_growth(step, stats)
         if persist:
             self._request_persist(step, rank, world)
+
+    def _track_views(self, views):
+        self._views = [r for r in self._views if r() is not None]
+        self._views.extend(weakref.ref(t) for t in views)
+
+    def _release_views(self):
+        """Gives the loaded tensors that still view a memory slot their own
+        memory (a copy), so the slot is unpinned: an overlapped save keeps the
+        two newest steps and needs all three slots."""
+        live = [t for t in (r() for r in self._views) if t is not None]
+        self._views = []
+        with torch.no_grad():
+            for t in live:
+                t.data = t.clone()
 
     def _host_buffers(self):
         """Pinned host buffers for CUDA tensors (created at the first save
@@ -683,8 +765,15 @@ class Checkpointer:
         memory. ``last_load_source`` says which ("memory", "replica":
         memory that the agent of a replacement node copied in from a peer
         node's replica, or "disk").
-        Tensors come back on the CPU (or ``device``) and never alias the
-        checkpoint's memory.
+        Tensors come back on the CPU (or ``device``). From this rank's own
+        memory, those without a target in ``into`` view the checkpoint
+        through a private copy-on-write mapping (no allocation, no copy: the
+        default load costs a checksum pass): writing to them copies the pages
+        written and never changes the checkpoint, and while any of them
+        lives the step's memory slot stays pinned (saves use the other
+        slots). ``load_state_dict`` copies them; an optimizer's
+        ``load_state_dict`` keeps them as its state (its first update then
+        copies the pages it writes).
 
         Args:
             shards: ``{key: (global_shape, offsets, shape)}``: return for each key
@@ -774,7 +863,8 @@ class Checkpointer:
             state, ok = None, 1
             try:
                 state = mem_img.materialize(device, shards_as_tensors=set(mem_img.specs), verify=self.verify,
-                                            into=layout.targets, layout=layout)
+                                            into=layout.targets, layout=layout, zero_copy=True)
+                self._track_views(mem_img.views)
             except CheckpointCorruptError as e:
                 warnings.warn(f"ignoring the in-memory checkpoint: {e}")
                 ok = 0
@@ -817,7 +907,8 @@ class Checkpointer:
             if img is not None and held_step == disk_min:
                 try:
                     state = img.materialize(device, shards_as_tensors=set(img.specs), verify=self.verify,
-                                            into=layout.targets, layout=layout)
+                                            into=layout.targets, layout=layout, zero_copy=True)
+                    self._track_views(img.views)
                     self.last_load_source = "memory"
                     return disk_min, state
                 except CheckpointCorruptError as e:

@@ -155,6 +155,37 @@ py::tuple ShapeTuple(const std::vector<int64_t>& shape) {
   return t;
 }
 
+// A private, copy-on-write mapping of a pinned shared-memory slot's data
+// region, for tensors that view a loaded checkpoint without copying it
+// (Checkpointer.load's default). Reads share the slot's pages; a write (an
+// optimizer updating a loaded state in place) copies the page it touches, so
+// the checkpoint itself never changes. It holds the slot's pin (a copy of the
+// snapshot) for its whole life: the writer never picks a pinned slot, so no
+// later save rewrites the pages under it either. Exposed with the buffer
+// protocol (torch.frombuffer).
+class PyPrivateData {
+ public:
+  PyPrivateData(ckpt::Snapshot snap, std::shared_ptr<ckpt::SlotStore> store, void* map, uint64_t map_bytes,
+                uint64_t data_offset)
+      : store_(std::move(store)), snap_(std::move(snap)), map_(map), map_bytes_(map_bytes),
+        data_offset_(data_offset) {}
+  ~PyPrivateData() {
+    if (map_ != nullptr) munmap(map_, map_bytes_);
+  }
+  PyPrivateData(const PyPrivateData&) = delete;
+  PyPrivateData& operator=(const PyPrivateData&) = delete;
+
+  uint8_t* data() const { return static_cast<uint8_t*>(map_) + data_offset_; }
+  uint64_t data_bytes() const { return snap_.data_bytes(); }
+
+ private:
+  std::shared_ptr<ckpt::SlotStore> store_;  // outlives the pin snap_ holds
+  ckpt::Snapshot snap_;                      // the pin
+  void* map_;
+  uint64_t map_bytes_;
+  uint64_t data_offset_;
+};
+
 // A validated checkpoint image (pinned slot or mapped file), read-only.
 class PySnapshot {
  public:
@@ -174,6 +205,35 @@ class PySnapshot {
   }
   uint64_t image_bytes() const { return snap_.image_bytes(); }
 
+  // The data region as a private copy-on-write mapping (PyPrivateData), or
+  // None when this snapshot is not a shared-memory slot's whole image.
+  py::object PrivateData() const {
+    const std::string& src = snap_.source();
+    if (src.rfind("shm:", 0) != 0 || snap_.image() == nullptr || snap_.data() < snap_.image()) return py::none();
+    const std::string name = src.substr(4);
+    const uint64_t data_offset = static_cast<uint64_t>(snap_.data() - snap_.image());
+    const uint64_t bytes = data_offset + snap_.data_bytes();
+    if (bytes == 0) return py::none();
+    int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) return py::none();  // gone (the agent died): the caller copies instead
+    void* map = nullptr;
+    {
+      py::gil_scoped_release release;
+      // Populated read-only (the page tables at once, pointing at the slot's
+      // pages), then made writable: populating a writable private mapping
+      // would copy every page (the kernel breaks copy-on-write while it
+      // populates), while after mprotect a page is copied only when written.
+      map = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      if (map != MAP_FAILED && mprotect(map, bytes, PROT_READ | PROT_WRITE) != 0) {
+        munmap(map, bytes);
+        map = MAP_FAILED;
+      }
+    }
+    close(fd);
+    if (map == MAP_FAILED) return py::none();
+    return py::cast(std::make_unique<PyPrivateData>(snap_, store_, map, bytes, data_offset));
+  }
+
   // One checksum pass over the data (parallel, GIL released);
   // CheckpointCorruptError on a mismatch. Later copies skip their check.
   void Verify() {
@@ -188,6 +248,13 @@ class PySnapshot {
                                              " is corrupt: data checksum mismatch; restore from disk instead")));
     }
     checked_ = true;
+  }
+
+  // Each entry's offset in the data region, in storage order.
+  std::vector<uint64_t> EntryOffsets() const {
+    std::vector<uint64_t> out;
+    for (const ckpt::Entry& e : snap_.entries()) out.push_back(e.offset);
+    return out;
   }
 
   // [(key, dtype name, shape tuple, nbytes)] in storage order.
@@ -739,6 +806,13 @@ PYBIND11_MODULE(_ballast, m) {
       PyExc_RuntimeError, nullptr);
   m.add_object("CheckpointCorruptError", py::handle(g_corrupt_error));
 
+  py::class_<PyPrivateData>(m, "_PrivateData", py::buffer_protocol())
+      .def("__len__", [](const PyPrivateData& d) { return d.data_bytes(); })
+      .def_buffer([](PyPrivateData& d) {
+        return py::buffer_info(d.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(d.data_bytes())}, {1});
+      });
+
   py::class_<PySnapshot>(m, "Snapshot")
       .def_property_readonly("step", &PySnapshot::step)
       .def_property_readonly("source", &PySnapshot::source)
@@ -748,6 +822,8 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("verified", [](const PySnapshot& s) { return s.verified(); })
       .def_property_readonly("image_bytes", &PySnapshot::image_bytes)
       .def("image_view", &PySnapshot::ImageView)
+      .def("private_data", &PySnapshot::PrivateData)
+      .def("entry_offsets", [](const PySnapshot& s) { return s.EntryOffsets(); })
       .def("verify", &PySnapshot::Verify)
       .def("copy_box", &PySnapshot::CopyBox, py::arg("index"), py::arg("elem_size"),
            py::arg("src_shape"), py::arg("src_start"), py::arg("dst"), py::arg("dst_shape"),

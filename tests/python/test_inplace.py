@@ -84,6 +84,89 @@ class LoadInto(TestCase):
         self.assertTrue(bool((target == 7.0).all()))
 
 
+class ZeroCopyLoad(TestCase):
+    """The default load from this rank's memory: tensors that view the slot
+    through a private copy-on-write mapping (no allocation, no copy)."""
+
+    def test_views_are_private_and_pin_their_step(self):
+        model, opt = model_state()
+        ckpt = self.checkpointer()
+        want = {k: v.clone() for k, v in model.state_dict().items()}
+        ckpt.save(5, {"model": model.state_dict(), "opt": opt.state_dict()})
+        step, state = ckpt.load()
+        self.assertEqual((step, ckpt.last_load_source), (5, "memory"))
+        w = state["model"]["0.weight"]
+        self.assertTrue(any(r() is w for r in ckpt._views), "a view of the slot's mapping, not a copy")
+        self.assertEqual(sorted(state["model"]), sorted(want))
+        for k, v in want.items():
+            self.assertBitwise(state["model"][k], v, k)
+        # Writing to a loaded tensor (an optimizer updating its state in
+        # place) copies the page: the checkpoint keeps the saved values.
+        with torch.no_grad():
+            w.fill_(7.0)
+            state["opt"]["state"][0]["exp_avg"].add_(1.0)
+        _, again = ckpt.load()
+        for k, v in want.items():
+            self.assertBitwise(again["model"][k], v, k)
+        self.assertFalse(torch.equal(again["model"]["0.weight"], w))
+        del again
+        # Later saves never rewrite the pinned slot under the views: they
+        # keep the values of step 5 (and the writes made to them).
+        for s in range(6, 10):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+            ckpt.save(s, {"model": model.state_dict(), "opt": opt.state_dict()})
+        self.assertTrue(torch.equal(w, torch.full_like(w, 7.0)))
+        for k, v in want.items():
+            if k != "0.weight":
+                self.assertBitwise(state["model"][k], v, k)
+        step, latest = ckpt.load()
+        self.assertEqual(step, 9)
+        for k, v in model.state_dict().items():
+            self.assertBitwise(latest["model"][k], v, k)
+        # Consumed the usual way, the optimizer keeps the views as its state
+        # and steps on them.
+        saved_avg = latest["opt"]["state"][0]["exp_avg"].clone()
+        model.load_state_dict(latest["model"])
+        opt.load_state_dict(latest["opt"])
+        model(torch.randn(4, 64)).sum().backward()
+        opt.step()
+        self.assertFalse(torch.equal(opt.state_dict()["state"][0]["exp_avg"], saved_avg))
+        _, after = ckpt.load(step=9)  # the step's memory is as saved
+        self.assertTrue(torch.equal(after["opt"]["state"][0]["exp_avg"], saved_avg))
+
+    def test_an_overlapped_save_gives_the_views_their_own_memory(self):
+        ckpt = self.checkpointer()
+        ckpt.save(1, {"w": torch.full((1 << 16,), 3.0)})
+        _, state = ckpt.load()
+        w = state["w"]
+        ptr = w.data_ptr()
+        # An overlapped save keeps the two newest steps: it needs every slot,
+        # so the view is copied out and its slot unpinned first.
+        for step in (2, 3, 4):
+            ckpt.save(step, {"w": torch.full((1 << 16,), float(step))}, blocking=False)
+            ckpt.wait_saved()
+        self.assertNotEqual(w.data_ptr(), ptr)
+        self.assertTrue(bool((w == 3.0).all()))
+        self.assertEqual(ckpt._views, [])
+        self.assertEqual(ckpt.load()[0], 4)
+
+    def test_corrupt_slot_is_caught_before_views_are_handed_out(self):
+        ckpt = self.checkpointer()
+        ckpt.save(5, {"w": torch.full((1 << 18,), 7.0)}, persist=True)
+        ckpt.wait()
+        ckpt.save(6, {"w": torch.full((1 << 18,), 9.0)})  # newer, memory only
+        for want, value in ((6, 9.0), (5, 7.0)):
+            snap = ckpt._store.restore(step=want, verify=False)
+            _flip_a_data_byte(snap.source, value)
+            del snap
+        with self.assertWarnsRegex(UserWarning, "corrupt"):
+            step, state = ckpt.load()
+        self.assertEqual((step, ckpt.last_load_source), (5, "disk"))
+        self.assertTrue(bool((state["w"] == 7.0).all()))
+
+
 def _flip_a_data_byte(source, value):
     """Flips one byte of the tensor full of `value` in the shared-memory slot `source` ("shm:/name.sN"): bit rot."""
     path = "/dev/shm" + source[len("shm:"):]
