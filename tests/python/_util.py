@@ -70,6 +70,25 @@ def wait_for(what, fn, timeout, interval=0.2):
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
+def ballast_bin():
+    """The ballast binary under test (BALLAST_BIN, else the build's); a
+    missing build is a failure, not a skip."""
+    path = os.environ.get("BALLAST_BIN", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                      "../../build/bin/ballast"))
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"no ballast binary at {path}: run `make` (or set BALLAST_BIN)")
+    return path
+
+
+def torch2_python():
+    """The pinned torch 2.x interpreter (BALLAST_TORCH2_PYTHON, the venv `make` builds)."""
+    py = os.environ.get("BALLAST_TORCH2_PYTHON", "")
+    if not py or not os.access(py, os.X_OK):
+        raise AssertionError(f"no torch 2.x interpreter at BALLAST_TORCH2_PYTHON={py!r}: run `make test` (it builds "
+                             "the venv with scripts/torch2-venv.sh) or set BALLAST_TORCH2_PYTHON")
+    return py
+
+
 def free_port():
     """A TCP port free on loopback now (for MASTER_PORT)."""
     with socket.socket() as s:

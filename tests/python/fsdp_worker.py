@@ -122,6 +122,16 @@ def full_state(model, opt):
     return out
 
 
+def mismatches(got):
+    """On rank 0: the keys whose full tensor differs from OUT/ref.pt (dtype,
+    shape or any bit), or that only one side has; elsewhere []."""
+    if rank != 0:
+        return []
+    ref = torch.load(os.path.join(args.out, "ref.pt"))
+    return [k for k in sorted(set(ref) | set(got)) if k not in ref or k not in got
+            or ref[k].dtype != got[k].dtype or not torch.equal(ref[k], got[k])]
+
+
 ckpt = ballast.Checkpointer(args.ckpt)
 model, mesh = build(seed=0 if args.mode != "load" else 99)
 opt = torch.optim.AdamW(model.parameters(), lr=0.05)
@@ -139,13 +149,8 @@ if args.sharded_tensor:
     else:
         targets = {k: sharded(torch.zeros_like(v)) for k, v in model.state_dict().items()}
         step, state = ckpt.load(into={"model": targets})
-        got = {f"model/{k}": full(v) for k, v in state["model"].items()}
         same = all(state["model"][k] is targets[k] for k in targets)
-        bad = []
-        if rank == 0:
-            ref = torch.load(os.path.join(args.out, "ref.pt"))
-            bad = [k for k in sorted(set(ref) | set(got)) if k not in ref or k not in got
-                   or not torch.equal(ref[k], got[k])]
+        bad = mismatches({f"model/{k}": full(v) for k, v in state["model"].items()})
         event("loaded", step=step, source=ckpt.last_load_source, ok=not bad and same, bad=bad)
 
 elif args.mode == "save":
@@ -171,12 +176,7 @@ elif args.mode == "load":
     step, state = ckpt.load(into={"model": model.state_dict(), "optim": opt.state_dict()})
     assert step == args.steps, (step, args.steps)
     opt.load_state_dict(state["optim"])
-    got = full_state(model, opt)
-    bad = []
-    if rank == 0:
-        ref = torch.load(os.path.join(args.out, "ref.pt"))
-        bad = [k for k in sorted(set(ref) | set(got)) if k not in ref or k not in got
-               or ref[k].dtype != got[k].dtype or not torch.equal(ref[k], got[k])]
+    bad = mismatches(full_state(model, opt))
     # Plain load(): DTensors with the saved placements on the current mesh
     # (given for HSDP's 2-D mesh; else a 1-D mesh over the world, FSDP's).
     _, plain = ckpt.load(mesh=mesh if args.hsdp else None)
@@ -204,12 +204,7 @@ elif args.mode in ("dcp-load", "dcp-start"):
         step, state = ckpt.load(into={"model": msd, "optim": osd, "step": 0}, from_dcp=args.dcp)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         source = ckpt.last_load_source
-    got = full_state(model, opt)
-    bad = []
-    if rank == 0:
-        ref = torch.load(os.path.join(args.out, "ref.pt"))
-        bad = [k for k in sorted(set(ref) | set(got)) if k not in ref or k not in got
-               or ref[k].dtype != got[k].dtype or not torch.equal(ref[k], got[k])]
+    bad = mismatches(full_state(model, opt))
     train_step(model, opt, args.steps + 1)
     event("loaded", step=step, source=source, ok=not bad, bad=bad)
 

@@ -24,21 +24,12 @@ import os
 import subprocess
 import unittest
 
-from _util import TestCase
+from _util import TestCase, ballast_bin, torch2_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
-if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
-    raise RuntimeError(f"no ballast binary at {BIN}: run `make` (or set BALLAST_BIN)")
+BIN = ballast_bin()
 WORKER = os.path.join(HERE, "fsdp_worker.py")
 
-
-def torch2_python():
-    py = os.environ.get("BALLAST_TORCH2_PYTHON", "")
-    if not py or not os.access(py, os.X_OK):
-        raise AssertionError(f"no torch 2.x interpreter at BALLAST_TORCH2_PYTHON={py!r}: run `make test` (it builds "
-                             "the venv with scripts/torch2-venv.sh) or set BALLAST_TORCH2_PYTHON")
-    return py
 
 
 def read_events(out):

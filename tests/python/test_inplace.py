@@ -64,17 +64,7 @@ class LoadInto(TestCase):
         self.assertTrue(torch.equal(state["b"], torch.ones(3)))  # not in `into`: a fresh tensor
 
     def test_corrupt_memory_falls_back_to_disk_still_in_place(self):
-        ckpt = self.checkpointer()
-        ckpt.save(5, {"w": torch.full((1 << 18,), 7.0)}, persist=True)
-        ckpt.wait()
-        ckpt.save(6, {"w": torch.full((1 << 18,), 9.0)})  # newer, memory only
-        # Both memory slots corrupt (6, and 5, which an intact memory would
-        # serve in place of the disk's copy of step 5).
-        for want, value in ((6, 9.0), (5, 7.0)):
-            snap = ckpt._store.restore(step=want, verify=False)
-            self.assertEqual(snap.step, want)
-            _flip_a_data_byte(snap.source, value)
-            del snap
+        ckpt = _step5_on_disk_and_both_memory_steps_corrupt(self.checkpointer())
         target = torch.zeros(1 << 18)
         with self.assertWarnsRegex(UserWarning, "corrupt"):
             step, state = ckpt.load(into={"w": target})
@@ -153,18 +143,26 @@ class ZeroCopyLoad(TestCase):
         self.assertEqual(ckpt.load()[0], 4)
 
     def test_corrupt_slot_is_caught_before_views_are_handed_out(self):
-        ckpt = self.checkpointer()
-        ckpt.save(5, {"w": torch.full((1 << 18,), 7.0)}, persist=True)
-        ckpt.wait()
-        ckpt.save(6, {"w": torch.full((1 << 18,), 9.0)})  # newer, memory only
-        for want, value in ((6, 9.0), (5, 7.0)):
-            snap = ckpt._store.restore(step=want, verify=False)
-            _flip_a_data_byte(snap.source, value)
-            del snap
+        ckpt = _step5_on_disk_and_both_memory_steps_corrupt(self.checkpointer())
         with self.assertWarnsRegex(UserWarning, "corrupt"):
             step, state = ckpt.load()
         self.assertEqual((step, ckpt.last_load_source), (5, "disk"))
         self.assertTrue(bool((state["w"] == 7.0).all()))
+
+
+def _step5_on_disk_and_both_memory_steps_corrupt(ckpt):
+    """Step 5 (a tensor of 7.0) saved and persisted, step 6 (9.0) in memory
+    only, then both memory slots corrupted (6, and 5, which an intact memory
+    would serve in place of the disk's copy of step 5)."""
+    ckpt.save(5, {"w": torch.full((1 << 18,), 7.0)}, persist=True)
+    ckpt.wait()
+    ckpt.save(6, {"w": torch.full((1 << 18,), 9.0)})
+    for want, value in ((6, 9.0), (5, 7.0)):
+        snap = ckpt._store.restore(step=want, verify=False)
+        assert snap.step == want, (snap.step, want)
+        _flip_a_data_byte(snap.source, value)
+        del snap
+    return ckpt
 
 
 def _flip_a_data_byte(source, value):

@@ -27,24 +27,15 @@ import subprocess
 import time
 import unittest
 
-from _util import TestCase, events, wait_for
+from _util import TestCase, ballast_bin, events, torch2_python, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
-if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
-    raise RuntimeError(f"no ballast binary at {BIN}: run `make` (or set BALLAST_BIN)")
+BIN = ballast_bin()
 SCRIPT = os.path.join(HERE, "../integration/scripts/train_ckpt.py")
 TORCH1 = "/usr/bin/python3"
 WORLD, STEPS = 4, 400
 TIMELINE = re.compile(r"recovery timeline \(round (\d+), (.*?) start\).* node=(\S+) round=\d+")
 
-
-def torch2_python():
-    py = os.environ.get("BALLAST_TORCH2_PYTHON", "")
-    if not py or not os.access(py, os.X_OK):
-        raise AssertionError(f"no torch 2.x interpreter at BALLAST_TORCH2_PYTHON={py!r}: run `make test` (it builds "
-                             "the venv with scripts/torch2-venv.sh) or set BALLAST_TORCH2_PYTHON")
-    return py
 
 
 class WarmRestartWithCheckpoints(TestCase):
