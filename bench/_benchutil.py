@@ -26,3 +26,21 @@ def patch_torch113_std():
         raise ValueError(f"{vm} does not match: <{mp_api._VALUE_REGEX}> or <{mp_api._MAPPING_REGEX}>")
 
     mp_api.Std.from_str = classmethod(_from_str)
+
+
+def make_state(nbytes):
+    """A model-like state of ~nbytes: 16 MiB float32 tensors plus small ones
+    (the flash-checkpoint benchmarks share it; nothing here imports ballast,
+    which DLRover's workers run without)."""
+    import torch
+
+    big = 16 << 20
+    state = {"model": {}, "opt": {"step": 10, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]}}
+    left, i = nbytes, 0
+    while left > 0:
+        n = min(big, left)
+        state["model"][f"layer{i}.weight"] = torch.randn(max(n // 4, 1))
+        left -= n
+        i += 1
+    state["model"]["norm.bias"] = torch.zeros(1024)
+    return state

@@ -33,6 +33,7 @@ import time
 import torch
 
 import ballast
+from _benchutil import make_state
 from ballast import _ballast
 
 
@@ -42,20 +43,6 @@ def mem_available():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def make_state(nbytes):
-    """A model-like state: 16 MiB float32 tensors plus small ones, ~nbytes total."""
-    big = 16 << 20
-    state = {"model": {}, "opt": {"step": 10, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}]}}
-    left, i = nbytes, 0
-    while left > 0:
-        n = min(big, left)
-        state["model"][f"layer{i}.weight"] = torch.randn(max(n // 4, 1))
-        left -= n
-        i += 1
-    state["model"]["norm.bias"] = torch.zeros(1024)
-    return state
 
 
 def tensors_of(state):

@@ -27,6 +27,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
 import ballast  # noqa: E402
+from _benchutil import make_state  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--gb", type=float, default=1.0)
@@ -35,19 +36,6 @@ p.add_argument("--json", action="store_true")
 args = p.parse_args()
 os.makedirs(args.dir, exist_ok=True)
 pt = os.path.join(args.dir, "state.pt")
-
-
-def make_state(nbytes):
-    """A model-like state: 16 MiB float32 tensors plus a few small ones."""
-    torch.manual_seed(0)
-    out, left, i = {}, nbytes, 0
-    while left > 0:
-        n = min(16 << 20, left)
-        out[f"layer{i}.weight"] = torch.randn(max(n // 4, 1))
-        left -= n
-        i += 1
-    out["norm.bias"] = torch.zeros(1024)
-    return {"model": out, "step": 1}
 
 
 ckpt = ballast.Checkpointer(os.path.join(args.dir, "ckpt"))
@@ -62,7 +50,7 @@ t = time.perf_counter()
 step, state = ckpt.load()
 default_s = time.perf_counter() - t
 assert step == 1 and ckpt.last_load_source == "memory", (step, ckpt.last_load_source)
-targets = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()}, "step": 0}
+targets = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()}}
 for v in targets["model"].values():
     v.fill_(0)  # touched: a model's tensors exist already
 del state

@@ -13,31 +13,46 @@ over TP) are refused with what to do instead.
 
 torch 1.13 has neither DTensor nor a usable mesh: everything here is then a
 no-op, and a ShardedTensor is still handled.
+
+Nothing is imported from torch.distributed.tensor until a DTensor is met
+(importing it costs 0.4 s on torch 2.15, at every `import ballast`
+otherwise): an object can only be a DTensor once its module is loaded.
 """
 
 import math
+import sys
+import types
 import warnings
 
 import torch
 
-try:  # torch >= 2.4
-    from torch.distributed.tensor import DTensor, Replicate
-    from torch.distributed.tensor import Shard as _DShard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-except ImportError:  # torch 1.13
-    DTensor = None
-try:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-except Exception:  # noqa: BLE001 (torch 1.13 on Python 3.11: a dataclass ValueError on import)
-    ShardedTensor = None
+_DTENSOR_MODULE = "torch.distributed.tensor"
+_SHARDED_TENSOR_MODULE = "torch.distributed._shard.sharded_tensor"
+_api = None
+
+
+def _dt():
+    """torch's DTensor API (a namespace), or None on a torch without it."""
+    global _api
+    if _api is None:
+        try:  # torch >= 2.4
+            from torch.distributed.tensor import DTensor, Replicate, Shard
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+            _api = types.SimpleNamespace(DTensor=DTensor, Replicate=Replicate, Shard=Shard,
+                                         local_shape_and_offset=compute_local_shape_and_global_offset)
+        except ImportError:  # torch 1.13
+            _api = False
+    return _api or None
 
 
 def is_dtensor(obj):
-    return DTensor is not None and isinstance(obj, DTensor)
+    mod = sys.modules.get(_DTENSOR_MODULE)
+    return mod is not None and isinstance(obj, getattr(mod, "DTensor", ()))
 
 
 def is_sharded_tensor(obj):
-    return ShardedTensor is not None and isinstance(obj, ShardedTensor)
+    mod = sys.modules.get(_SHARDED_TENSOR_MODULE)
+    return mod is not None and isinstance(obj, getattr(mod, "ShardedTensor", ()))
 
 
 def _where(path):
@@ -49,9 +64,9 @@ def encode_placements(placements, ndim, path):
     checkpoint cannot hold as a piece of the global tensor."""
     out = []
     for p in placements:
-        if type(p) is _DShard:  # noqa: E721 (_StridedShard is a subclass: a different layout)
+        if type(p) is _dt().Shard:  # noqa: E721 (_StridedShard is a subclass: a different layout)
             out.append(f"S{p.dim % max(ndim, 1)}")
-        elif isinstance(p, Replicate):
+        elif isinstance(p, _dt().Replicate):
             out.append("R")
         elif p.is_partial():
             raise TypeError(
@@ -65,13 +80,14 @@ def encode_placements(placements, ndim, path):
 
 
 def decode_placements(codes):
-    return [Replicate() if c == "R" else _DShard(int(c[1:])) for c in codes]
+    api = _dt()
+    return [api.Replicate() if c == "R" else api.Shard(int(c[1:])) for c in codes]
 
 
 def local_box(global_shape, mesh, placements, where=""):
     """(offsets, shape) of this rank's piece of a DTensor of global_shape laid
     out on mesh with placements (torch's own split: uneven ones included)."""
-    shape, offsets = compute_local_shape_and_global_offset(torch.Size(global_shape), mesh, placements)
+    shape, offsets = _dt().local_shape_and_offset(torch.Size(global_shape), mesh, placements)
     if len(shape) != len(global_shape) or (len(offsets) != len(global_shape) and math.prod(shape) != 0):
         raise ValueError(f"this rank holds no piece of the DTensor '{where}' on mesh {mesh} "
                          "(is it a member of the mesh?)")
@@ -173,7 +189,7 @@ class Layout:
         return out
 
     def _mesh_for(self, mesh_shape, codes):
-        if self.full or DTensor is None:
+        if self.full or _dt() is None:
             return None, None
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return None, None
@@ -187,7 +203,7 @@ class Layout:
             # Another dimension: keep the saved sharding's dimension on a 1-D mesh.
             one_d = [m for m in cands if m.ndim == 1]
             if one_d:
-                shard = next((p for p in placements if not isinstance(p, Replicate)), Replicate())
+                shard = next((p for p in placements if not isinstance(p, _dt().Replicate)), _dt().Replicate())
                 return one_d[0], [shard]
         # No mesh to follow: a 1-D mesh over the world, sharded along the
         # saved sharding's dimension. Made from the default group (no new
@@ -197,7 +213,7 @@ class Layout:
             from torch.distributed.device_mesh import DeviceMesh
             device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
             self._world_mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device)
-        shard = next((p for p in placements if not isinstance(p, Replicate)), Replicate())
+        shard = next((p for p in placements if not isinstance(p, _dt().Replicate)), _dt().Replicate())
         return self._world_mesh, [shard]
 
     def finish(self, key, tensor):
@@ -215,7 +231,7 @@ class Layout:
         if made is not None:
             mesh, placements, gshape = made
             t = tensor.to(mesh.device_type) if tensor.device.type != mesh.device_type else tensor
-            return DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(gshape),
+            return _dt().DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(gshape),
                                       stride=contiguous_strides(gshape))
         return None
 
