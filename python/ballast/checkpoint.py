@@ -15,6 +15,7 @@ See ``Checkpointer`` for the API. Two modes, same API:
 import ctypes
 import functools
 import glob
+import math
 import os
 import re
 import secrets
@@ -160,7 +161,7 @@ class _Image:
         None when this torch cannot view that dtype. Not a view of another
         tensor (no _base): its storage alone holds the mapping, so replacing
         its data (Checkpointer._release_views) lets the mapping go."""
-        numel = _numel(shape)
+        numel = math.prod(shape)
         if numel * _elem_size(dtype) != nbytes or len(priv) < offset + nbytes:
             raise CheckpointCorruptError(f"an entry of {nbytes} bytes at {offset} does not hold shape {shape} "
                                          f"within {len(priv)} bytes of data")
@@ -271,13 +272,6 @@ class _Image:
             return Shard(tensors[key], node["gs"], node["go"])
 
         return _tree.decode(self.doc["tree"], resolve)
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 @functools.lru_cache(maxsize=None)
@@ -1155,14 +1149,14 @@ class Checkpointer:
         missing = (f"Checkpoint step {step} in {self.dir} has no shard for rank {rank}: it was saved by fewer "
                    "ranks; pass shards= (or the new world's DTensors in into=) to reshard sharded tensors")
         try:
-            images = _read_all_ranks(self.dir, step)
+            # This rank's file is read already: verified, not read again.
+            images = _read_all_ranks(self.dir, step, have={} if own is None else {rank: own})
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e}. {missing}") from None
-        first = own or images[0][1]
-        shards = layout.specs(first.geometry())
+        own = own or images[0][1]
+        shards = layout.specs(own.geometry())
         if not shards:
             raise FileNotFoundError(missing)
-        own = next((img for r, img in images if r == rank), images[0][1])
         imgs = [img for _, img in images]
         own_pieces = own.shard_nodes()
         for key in shards:
@@ -1191,14 +1185,21 @@ class Checkpointer:
         self.close()
 
 
-def _read_all_ranks(dir, step):
-    """[(rank, _Image)] of every rank-*.ballast file of step, verified."""
+def _read_all_ranks(dir, step, have=None):
+    """[(rank, _Image)] of every rank-*.ballast file of step, verified.
+    have: {rank: _Image} of files the caller read already (verified here)."""
     step_dir = _C.step_dir(dir, step)
     out = []
     for path in glob.glob(os.path.join(glob.escape(step_dir), "rank-*.ballast")):
         m = re.fullmatch(r"rank-(\d+)\.ballast", os.path.basename(path))
         if m:
-            out.append((int(m.group(1)), _Image(_C.read_file(path))))
+            r = int(m.group(1))
+            img = (have or {}).get(r)
+            if img is not None:
+                img.snap.verify()
+            else:
+                img = _Image(_C.read_file(path))
+            out.append((r, img))
     if not out:
         raise FileNotFoundError(f"checkpoint step {step} has no shard files in {step_dir}")
     out.sort(key=lambda x: x[0])
