@@ -24,10 +24,8 @@ Every rank appends JSON lines to OUT/events-<rank>.jsonl.
 """
 
 import argparse
-import glob
 import json
 import os
-import signal
 import sys
 import time
 
@@ -35,6 +33,9 @@ import torch
 import torch.distributed as dist
 
 import ballast
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration/scripts"))
+import node_loss  # noqa: E402 (the node-loss fault train_ckpt.py uses too)
 
 p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["save", "load", "train", "dcp-load", "dcp-start"], required=True)
@@ -225,24 +226,11 @@ else:  # train, under ballast launch
         train_step(model, opt, step)
         ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
         ballast.step(step)
-        node_lost_once = os.path.join(args.out, "node-lost")  # the next world must not lose it again
-        if step == args.kill_step and not os.path.exists(node_lost_once):
+        if step == args.kill_step and not node_loss.lost_already(args.out):
             ref = full_state(model, opt)
             if rank == 0:
                 torch.save(ref, os.path.join(args.out, f"ref-{step}.pt"))
-            dist.barrier()
-            time.sleep(1.0)  # the agents copy the step to their peers meanwhile (milliseconds)
-            dist.barrier()
-            if rank == args.kill_rank:
-                event("kill-node", step=step)
-                open(node_lost_once, "w").close()
-                # A lost host: its memory goes with it (every store of this
-                # agent, and the replicas it held for others), then its agent.
-                prefix = os.environ["BALLAST_CKPT_SHM"].rsplit("-", 1)[0]
-                for path in glob.glob("/dev/shm" + prefix + "-*"):
-                    os.unlink(path)
-                os.kill(os.getppid(), signal.SIGKILL)
-                os.kill(os.getpid(), signal.SIGKILL)
+            node_loss.lose_node(args.out, rank, args.kill_rank, step, event)
         time.sleep(args.step_time)
     ckpt.wait()
     final = full_state(model, opt)

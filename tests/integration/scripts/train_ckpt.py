@@ -14,7 +14,6 @@ Events (JSON lines) go to <out>/rank<RANK>.jsonl; the final model state to
 <out>/final-rank<RANK>.pt.
 """
 import argparse
-import glob
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ballast
+import node_loss  # beside this script
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -188,21 +188,8 @@ for step in range(start, args.steps):
     ckpt.save(step, state, persist=not kill_now and not args.no_persist)
     ballast.step(step)  # progress reports (the agent's recovery timeline counts to the first step)
     log("step", step=step, loss=float(loss), sha256=weights_sha256(), momentum=momentum_sha256())
-    node_lost_once = os.path.join(args.out, "node-lost")  # a world that starts over must not lose it again
-    if step == args.kill_node_step and restart == 0 and not os.path.exists(node_lost_once):
-        dist.barrier()
-        time.sleep(1.0)  # the agents copy the step to their peers meanwhile (milliseconds)
-        dist.barrier()
-        if rank == args.kill_rank:
-            log("kill-node", step=step)
-            open(node_lost_once, "w").close()
-            # A lost host: its memory goes with it (every store of this agent,
-            # and the replicas it held for others).
-            prefix = os.environ["BALLAST_CKPT_SHM"].rsplit("-", 1)[0]
-            for path in glob.glob("/dev/shm" + prefix + "-*"):
-                os.unlink(path)
-            os.kill(os.getppid(), signal.SIGKILL)
-            os.kill(os.getpid(), signal.SIGKILL)
+    if step == args.kill_node_step and restart == 0 and not node_loss.lost_already(args.out):
+        node_loss.lose_node(args.out, rank, args.kill_rank, step, log)
     if kill_now:
         # Every rank holds this step in memory (and only there) before the kill.
         dist.barrier()
