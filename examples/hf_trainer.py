@@ -42,3 +42,10 @@ training_args = TrainingArguments(output_dir=args.out, max_steps=args.steps, per
 trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(),
                   callbacks=[BallastCallback(args.ckpt)])          # <- the one line
 trainer.train()
+
+# End the process group before the interpreter exits: torch 2.x's gloo backend
+# can otherwise abort at exit ("terminate called without an active exception")
+# while it still cleans up the Trainer's last collective, and the agent then
+# restarts a job that had finished.
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()

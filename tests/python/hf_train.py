@@ -59,6 +59,11 @@ targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), max_steps=arg
 ballast_cb = BallastCallback(args.ckpt)
 trainer = Trainer(model=model, args=targs, train_dataset=Tokens(), callbacks=[ballast_cb, Fault()])
 trainer.train()
+# As the example does: torch 2.x's gloo can abort at interpreter exit while it
+# cleans up the last collective (a core dump showed ProcessGroupGloo's thread
+# taking the GIL in Py_Finalize), and the job would restart from step 12.
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
 
 if trainer.args.process_index == 0:
     h = hashlib.sha256()
