@@ -14,7 +14,8 @@ Example::
 
 Progress: ``ballast.step(n)`` tells the agent the worker reached step n (two
 stores into shared memory); ``ballast run --hang-timeout S`` restarts workers
-whose progress stops. Under an agent, ``import ballast`` registers faulthandler
+whose progress stops. ``ballast.step(n, loss=loss)`` also watches the loss: a
+NaN (or a spike) rolls the job back to the step before it (ballast.health). Under an agent, ``import ballast`` registers faulthandler
 on SIGUSR1 so a hung worker's Python stacks reach the log (see ballast.progress).
 
 Data: ``ballast.ElasticSampler`` is a DistributedSampler whose state (epoch and
@@ -26,12 +27,13 @@ from ballast._ballast import CheckpointCorruptError
 from ballast._tree import Shard
 from ballast.checkpoint import Checkpointer, CheckpointLostError, read_checkpoint
 from ballast import progress
-from ballast._ballast import step
+from ballast.progress import step
+from ballast.health import BadLossError
 from ballast.sampler import ElasticSampler
 
 progress.install_stack_dump_handler()
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "CheckpointLostError", "read_checkpoint", "step", "progress",
+__all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "CheckpointLostError", "read_checkpoint", "step", "progress", "BadLossError",
            "ElasticSampler", "__version__"]

@@ -28,13 +28,69 @@ Example::
             ckpt.save(step, {"model": model.state_dict(), "sampler": sampler.state_dict()})
 """
 
+import bisect
 import math
 import os
+import weakref
 
 import torch
 from torch.utils.data import Sampler
 
 _STATE_VERSION = 1
+
+# Samplers alive in this process (id -> weak reference; a dict, so that
+# ballast.step's `if _live` costs nothing): a bad loss (ballast.step(step,
+# loss=)) asks them which samples the bad step trained on (bad_batch()).
+_live = {}
+
+
+def _samplers():
+    return [s for s in (r() for r in list(_live.values())) if s is not None]
+
+
+def _skips_from_env():
+    """{epoch: sorted [(begin, end)]} from BALLAST_SKIP_DATA ("epoch:begin:end,...";
+    the agent sets it after a rollback: the bad steps' samples)."""
+    out = {}
+    for item in os.environ.get("BALLAST_SKIP_DATA", "").split(","):
+        if not item.strip():
+            continue
+        try:
+            epoch, begin, end = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise ValueError(f"BALLAST_SKIP_DATA: bad range {item!r} (expected epoch:begin:end)") from None
+        if begin < 0 or end <= begin:
+            raise ValueError(f"BALLAST_SKIP_DATA: bad range {item!r} (expected 0 <= begin < end)")
+        out.setdefault(epoch, []).append((begin, end))
+    for epoch, ranges in out.items():
+        ranges.sort()
+        merged = []
+        for b, e in ranges:
+            if merged and b <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+            else:
+                merged.append((b, e))
+        out[epoch] = merged
+    return out
+
+
+def bad_batch():
+    """(epoch, begin, end): the global sample positions the step being
+    reported trained on, from the first live ElasticSampler; None without one.
+    What advance() recorded since the previous ballast.step() report, or,
+    when the step is reported before its advance(), the batch about to be
+    recorded (the last advance's size)."""
+    for sampler in _samplers():
+        r = sampler._bad_range()
+        if r is not None:
+            return r
+    return None
+
+
+def note_report():
+    """ballast.step() calls this: the positions reached so far are reported."""
+    for sampler in _samplers():
+        sampler._reported = (sampler.epoch, sampler.position)
 
 
 def _default_world():
@@ -118,6 +174,12 @@ class ElasticSampler(Sampler):
         self.drop_last = bool(drop_last)
         self.epoch = 0
         self.position = 0  # samples of this epoch's permutation the world has consumed
+        # Positions a rollback skips (the bad steps' samples), by epoch.
+        self._skips = _skips_from_env()
+        self._reported = (0, 0)   # (epoch, position) at the last ballast.step() report
+        self._last_advance = 0    # global positions the last advance() consumed
+        key = id(self)
+        _live[key] = weakref.ref(self, lambda _, key=key: _live.pop(key, None))
 
     # -- the split -------------------------------------------------------------
 
@@ -125,9 +187,32 @@ class ElasticSampler(Sampler):
     def dataset_size(self):
         return len(self.dataset)
 
+    def _skipped(self, position):
+        """The skipped ranges of this epoch that end after `position`."""
+        return [(max(b, position), e) for b, e in self._skips.get(self.epoch, ()) if e > position]
+
+    def _rest(self, position):
+        """Positions from `position` to the end of the epoch, skipped ones left out."""
+        out, at = [], position
+        for b, e in self._skipped(position):
+            out.extend(range(at, min(b, self.dataset_size)))
+            at = max(at, e)
+        out.extend(range(at, self.dataset_size))
+        return out
+
+    def _forward(self, position, count):
+        """The position `count` samples (not skipped) after `position`."""
+        for b, e in self._skipped(position):
+            if position + count <= b:
+                break
+            count -= max(0, b - position)
+            position = e
+        return min(self.dataset_size, position + count)
+
     def _share(self, position):
         """Indices each rank gets from `position` to the end of the epoch."""
-        rest = self.dataset_size - position
+        rest = self.dataset_size - position - sum(min(e, self.dataset_size) - b for b, e in self._skipped(position)
+                                                  if b < self.dataset_size)
         if rest <= 0:
             return 0
         return rest // self.num_replicas if self.drop_last else math.ceil(rest / self.num_replicas)
@@ -154,7 +239,8 @@ class ElasticSampler(Sampler):
     def __iter__(self):
         per_rank = self._share(self.position)
         total = per_rank * self.num_replicas
-        rest = self.permutation()[self.position:]
+        order = self.permutation()
+        rest = [order[i] for i in self._rest(self.position)]
         if total > len(rest):  # pad, as DistributedSampler
             pad = total - len(rest)
             rest += (rest * math.ceil(pad / len(rest)))[:pad]
@@ -197,11 +283,24 @@ class ElasticSampler(Sampler):
             raise ValueError(f"num_samples must be >= 0, got {n}")
         if n == 0:
             return self.position
+        before = self.position
         if n >= self._share(self.position):
             self.position = self.dataset_size
         else:
-            self.position += n * self.num_replicas
+            self.position = self._forward(self.position, n * self.num_replicas)
+        self._last_advance = n * self.num_replicas
+        self._advanced_from = (self.epoch, before)
         return self.position
+
+    def _bad_range(self):
+        """See bad_batch()."""
+        epoch, pos = self._reported
+        if (self.epoch, self.position) != (epoch, pos):
+            begin = pos if epoch == self.epoch else getattr(self, "_advanced_from", (self.epoch, 0))[1]
+            return (self.epoch, begin, self.position) if self.position > begin else None
+        if self._last_advance and self.position < self.dataset_size:
+            return (self.epoch, self.position, self._forward(self.position, self._last_advance))
+        return None
 
     @property
     def epoch_done(self):

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <bit>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -905,6 +906,22 @@ PYBIND11_MODULE(_ballast, m) {
                         std::memory_order_relaxed);
   }, py::arg("seconds"), py::arg("saves"), "Adds time training was blocked by checkpoint saves (and saves made) "
                                            "for the master's goodput accountant.");
+  m.def("progress_health", [](int kind, uint64_t step, double value, double median, double z, uint64_t epoch,
+                               uint64_t begin, uint64_t end) {
+    ballast::ProgressCell* c = Cell();
+    auto bits = [](double d) { return std::bit_cast<uint64_t>(d); };
+    c->health_step.store(step, std::memory_order_relaxed);
+    c->health_value.store(bits(value), std::memory_order_relaxed);
+    c->health_median.store(bits(median), std::memory_order_relaxed);
+    c->health_z.store(bits(z), std::memory_order_relaxed);
+    c->health_epoch.store(epoch, std::memory_order_relaxed);
+    c->health_begin.store(begin, std::memory_order_relaxed);
+    c->health_end.store(end, std::memory_order_relaxed);
+    c->health_kind.store(static_cast<uint64_t>(kind), std::memory_order_release);
+    return c != &g_local_cell;
+  }, py::arg("kind"), py::arg("step"), py::arg("value"), py::arg("median"), py::arg("z"), py::arg("epoch"),
+     py::arg("begin"), py::arg("end"),
+     "Records a bad loss in the progress cell (ballast.health); True when an agent reads the cell.");
   m.def("progress_state", [] {
     ballast::ProgressCell* c = Cell();
     return py::dict(py::arg("step") = c->step.load(), py::arg("timestamp_ns") = c->timestamp_ns.load(),

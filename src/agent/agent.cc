@@ -1,5 +1,8 @@
 #include "agent/agent.h"
 
+#include "agent/health_watch.h"
+#include "health/health_policy.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -99,6 +102,10 @@ v1::JobSpec JoinSpec(const RunOptions& o) {
   if (o.last_call_s >= 0) spec.set_last_call_s(o.last_call_s);
   if (o.precheck) spec.set_precheck(true);
   if (o.exclude_stragglers) spec.set_exclude_stragglers(true);
+  if (!o.on_nan.empty()) spec.set_on_nan(o.on_nan);
+  if (o.max_rollbacks.has_value()) spec.set_max_rollbacks(*o.max_rollbacks);
+  if (o.loss_spike_z > 0) spec.set_loss_spike_z(o.loss_spike_z);
+  if (o.no_skip_data) spec.set_no_skip_data(true);
   return spec;
 }
 
@@ -382,6 +389,10 @@ int Agent::Run() {
                options_.endpoint, joined->spec().min_nodes(), joined->spec().max_nodes(),
                joined->spec().max_restarts(), options_.node_id);
   StartCheckpointStores(joined->job_id());
+  health_env_[health::kOnNanEnv] = joined->spec().on_nan().empty() ? "rollback" : joined->spec().on_nan();
+  if (joined->spec().loss_spike_z() > 0) {
+    health_env_[health::kLossSpikeEnv] = absl::StrCat(joined->spec().loss_spike_z());
+  }
   // The check servers and the warm interpreters import torch while the
   // rendezvous completes.
   if (options_.run.precheck) precheck_->Warm();
@@ -518,8 +529,12 @@ void Agent::StartRound(const v1::StartRound& start) {
     return;
   }
   timeline_.DecisionArrived(MonotonicNowNs());
-  // Older workers go first: a new round never overlaps the old one.
-  StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_), Breakpoint::kBackground);
+  // Older workers go first: a new round never overlaps the old one. Before
+  // a rollback, no breakpoint save: the newest steps may hold the bad loss.
+  const bool rollback = start.rollback_below() > 0;
+  StopWorkers(absl::StrCat("round ", start.round(), " replaces round ", round_),
+              rollback ? Breakpoint::kNone : Breakpoint::kBackground);
+  if (rollback) RewindCheckpoints(static_cast<uint64_t>(start.rollback_below()));
   timeline_.OldWorkersStopped(MonotonicNowNs());
   round_ = start.round();
   round_start_ = start;
@@ -575,6 +590,8 @@ void Agent::StartRound(const v1::StartRound& start) {
   rs.run_id = start.run_id();
   rs.master_addr = endpoint->host;
   rs.master_port = endpoint->port;
+  rs.env = health_env_;
+  if (!start.skip_data().empty()) rs.env[health::kSkipDataEnv] = start.skip_data();
   // No worker runs now: the cells start clean, and the first-step grace counts from here.
   if (progress_ != nullptr) progress_->Reset();
   round_started_ns_ = MonotonicNowNs();
@@ -699,6 +716,7 @@ std::optional<int> Agent::PollWorkers() {
   }
   if (!events.empty()) PublishState();
   if (running_round_) {
+    CheckHealth();
     CheckHangs();
     WatchStore();
     MaybeReportProgress();
@@ -747,6 +765,33 @@ void Agent::CheckHangs() {
   // other workers' failures that follow it) are then consequences.
   round_failed_reported_ = true;
   ReportFailure(*std::move(report));
+}
+
+void Agent::CheckHealth() {
+  if (progress_ == nullptr || round_failed_reported_ || !running_round_) return;
+  for (const WorkerInfo& w : workers_->Workers()) {
+    if (w.state != WorkerState::kRunning || w.local_rank >= progress_->num_cells()) continue;
+    std::optional<HealthRecord> bad = progress_->ReadHealth(w.local_rank);
+    if (!bad.has_value()) continue;
+    v1::FailureReport report = HealthFailureReport(*bad, options_.node_id, round_, w.local_rank, w.global_rank);
+    spdlog::warn("worker rank {} (local rank {}) reported a bad loss: {}; stopping the workers {}", w.global_rank,
+                 w.local_rank, report.cause(), Fmt());
+    timeline_.FailureSeen(MonotonicNowNs());
+    MaybeReportProgress(/*now_please=*/true);
+    round_failed_reported_ = true;
+    // Reported before the workers stop: the other ranks' crashes that follow
+    // must not reach the master first. No breakpoint save: the newest steps
+    // may already hold the bad loss.
+    ReportFailure(std::move(report));
+    StopWorkers("a worker reported a bad loss", Breakpoint::kNone);
+    return;
+  }
+}
+
+void Agent::RewindCheckpoints(uint64_t below) {
+  std::string what = ckpt_ != nullptr ? ckpt_->Rewind(below) : "no checkpoint stores";
+  if (replicas_ != nullptr) absl::StrAppend(&what, "; ", replicas_->Rewind(below), " replica step(s) dropped");
+  spdlog::warn("rollback: every checkpoint step from {} on is dropped: {} {}", below, what, Fmt());
 }
 
 void Agent::MaybeReportProgress(bool now_please) {

@@ -153,6 +153,12 @@ class Agent {
   // Hang detection (--hang-timeout, HangResponder): a hung worker's stacks
   // are dumped, it is killed and its failure reported with the hang evidence.
   void CheckHangs();
+  // A worker recorded a bad loss (ballast.step(step, loss=)): stop the
+  // workers without a breakpoint save and report it (health_watch.h).
+  void CheckHealth();
+  // A rollback round: drop every checkpoint step >= below here (memory,
+  // replicas held for peers, disk) before the workers start.
+  void RewindCheckpoints(uint64_t below);
   // Every progress_report_interval_s (or now): the node's min step and step time.
   void MaybeReportProgress(bool now_please = false);
   // The recovery timeline: logs, once the round's workers all stepped, when
@@ -205,6 +211,9 @@ class Agent {
   // Main-loop state (Run's thread only).
   int64_t round_ = 0;          // the newest round this node was started into, 0 = none
   bool round_failed_reported_ = false;
+  // The workers' training-health settings, from the master (BALLAST_ON_NAN,
+  // BALLAST_LOSS_SPIKE); they come with each round.
+  std::map<std::string, std::string> health_env_;
   // The OOM kills counted in this agent's memory cgroup (health/oom.h) when
   // its workers started or a SIGKILLed one was last classified.
   std::optional<int64_t> oom_kills_seen_;

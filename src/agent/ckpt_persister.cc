@@ -1,5 +1,7 @@
 #include "agent/ckpt_persister.h"
 
+#include <set>
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "ckpt/format.h"
 #include "ckpt/persister.h"
@@ -309,6 +312,41 @@ int CkptPersister::BreakpointSaveAsync(const std::string& why) {
   }
   if (pinned > 0) cv_.notify_all();
   return pinned;
+}
+
+std::string CkptPersister::Rewind(uint64_t below) {
+  int slots = 0;
+  std::set<std::string> dirs;
+  for (auto& sp : stores_) {
+    Store& s = *sp;
+    std::lock_guard<std::mutex> lock(s.mu);  // a write in progress finishes first
+    {
+      std::lock_guard<std::mutex> bp_lock(s.bp_mu);
+      if (s.breakpoint.has_value() && s.breakpoint->pin.step() >= below) s.breakpoint.reset();
+    }
+    if (s.unreported.has_value() && s.unreported->step >= below) s.unreported.reset();
+    if (s.failed_step >= below) s.failed_step = 0;
+    if (s.skipped_request >= below) s.skipped_request = 0;
+    if (absl::StatusOr<int> n = s.slots->DiscardFrom(below); n.ok()) {
+      slots += *n;
+    } else {
+      spdlog::warn("rollback: cannot drop steps >= {} from store {}: {} node={}", below, s.slots->name(),
+                   n.status().ToString(), options_.node_id);
+    }
+    if (std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig(); cfg.has_value()) dirs.insert(cfg->dir);
+  }
+  std::vector<std::string> deleted;
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<std::vector<uint64_t>> gone = ckpt::RewindSteps(dir, below);
+    if (!gone.ok()) {
+      spdlog::warn("rollback: cannot delete steps >= {} in {}: {} node={}", below, dir, gone.status().ToString(),
+                   options_.node_id);
+      continue;
+    }
+    for (uint64_t step : *gone) deleted.push_back(absl::StrCat(dir, "/step-", step));
+  }
+  return absl::StrCat(slots, " in-memory step(s) dropped",
+                      deleted.empty() ? "" : absl::StrCat("; deleted ", absl::StrJoin(deleted, ", ")));
 }
 
 bool CkptPersister::WriteBreakpointAndReport(Store& s, double report_timeout_s) {

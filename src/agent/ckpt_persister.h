@@ -136,6 +136,14 @@ class CkptPersister {
   // pending one first. Returns the number of steps pinned.
   int BreakpointSaveAsync(const std::string& why);
 
+  // A rollback (training health; the workers are stopped): waits for a shard
+  // write in progress, drops a pending breakpoint save and every step >=
+  // `below` from the stores (SlotStore::DiscardFrom) and from the stores'
+  // checkpoint directories (ckpt::RewindSteps), so the next workers resume
+  // from the newest step before it and no late write makes a dropped step
+  // `latest`. Returns what it did, for the log; errors are logged and skipped.
+  std::string Rewind(uint64_t below);
+
  private:
   using Clock = std::chrono::steady_clock;
   struct Store {

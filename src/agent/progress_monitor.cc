@@ -1,5 +1,7 @@
 #include "agent/progress_monitor.h"
 
+#include <bit>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -93,6 +95,7 @@ void ProgressMonitor::Reset() {
     c->reports.store(0, std::memory_order_relaxed);
     c->ckpt_saves.store(0, std::memory_order_relaxed);
     c->ckpt_stall_ns.store(0, std::memory_order_relaxed);
+    c->health_kind.store(0, std::memory_order_relaxed);
     c->timestamp_ns.store(0, std::memory_order_release);
   }
   baseline_.assign(num_cells_, CellSnapshot());
@@ -109,6 +112,22 @@ CellSnapshot ProgressMonitor::Read(int i) const {
   s.ckpt_saves = c->ckpt_saves.load(std::memory_order_relaxed);
   s.ckpt_stall_ns = c->ckpt_stall_ns.load(std::memory_order_relaxed);
   return s;
+}
+
+std::optional<HealthRecord> ProgressMonitor::ReadHealth(int i) const {
+  const ProgressCell* c = ProgressCellAt(base_, i);
+  const uint64_t kind = c->health_kind.load(std::memory_order_acquire);
+  if (kind == 0) return std::nullopt;
+  HealthRecord h;
+  h.kind = kind == static_cast<uint64_t>(HealthKind::kSpike) ? HealthKind::kSpike : HealthKind::kNonFinite;
+  h.step = c->health_step.load(std::memory_order_relaxed);
+  h.value = std::bit_cast<double>(c->health_value.load(std::memory_order_relaxed));
+  h.median = std::bit_cast<double>(c->health_median.load(std::memory_order_relaxed));
+  h.z = std::bit_cast<double>(c->health_z.load(std::memory_order_relaxed));
+  h.epoch = c->health_epoch.load(std::memory_order_relaxed);
+  h.begin = c->health_begin.load(std::memory_order_relaxed);
+  h.end = c->health_end.load(std::memory_order_relaxed);
+  return h;
 }
 
 ProgressSummary ProgressMonitor::Summarize() {

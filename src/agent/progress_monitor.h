@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,16 @@ struct CellSnapshot {
   uint64_t reports = 0;
   uint64_t ckpt_saves = 0;
   uint64_t ckpt_stall_ns = 0;
+};
+
+// A bad loss a worker recorded in its cell (ballast.step(step, loss=)).
+struct HealthRecord {
+  HealthKind kind = HealthKind::kNone;
+  uint64_t step = 0;
+  double value = 0;
+  double median = 0;  // a spike: the recent median
+  double z = 0;       // a spike: its robust z-score
+  uint64_t epoch = 0, begin = 0, end = 0;  // the bad step's samples; end 0: unknown
 };
 
 struct HangVerdict {
@@ -83,6 +94,8 @@ class ProgressMonitor {
   // round's workers start (none may be writing).
   void Reset();
   CellSnapshot Read(int i) const;
+  // Cell i's bad loss, if its worker recorded one this round.
+  std::optional<HealthRecord> ReadHealth(int i) const;
 
   // Min step and step time since the previous call (or the Reset).
   ProgressSummary Summarize();

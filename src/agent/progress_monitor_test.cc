@@ -1,5 +1,10 @@
 #include "agent/progress_monitor.h"
 
+#include <bit>
+#include <cmath>
+
+#include "agent/health_watch.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -96,6 +101,46 @@ TEST(ProgressMonitor, WorkerWritesAreSeenAndSummarized) {
   (*m)->Reset();
   EXPECT_EQ((*m)->Read(0).timestamp_ns, 0u);
   EXPECT_FALSE((*m)->Summarize().any_step);
+  munmap(base, ProgressShmSize(2));
+}
+
+TEST(ProgressMonitor, ABadLossInACellBecomesTheReportTheMasterDecidesOn) {
+  auto m = ProgressMonitor::Create(2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  int fd = shm_open((*m)->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  void* base = mmap(nullptr, ProgressShmSize(2), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(base, MAP_FAILED);
+  EXPECT_FALSE((*m)->ReadHealth(1).has_value());
+  // What ballast.health writes (python/bindings: progress_health).
+  ProgressCell* c = ProgressCellAt(base, 1);
+  c->health_step.store(17);
+  c->health_value.store(std::bit_cast<uint64_t>(std::nan("")));
+  c->health_epoch.store(1);
+  c->health_begin.store(64);
+  c->health_end.store(72);
+  c->health_kind.store(static_cast<uint64_t>(HealthKind::kNonFinite), std::memory_order_release);
+  std::optional<HealthRecord> bad = (*m)->ReadHealth(1);
+  ASSERT_TRUE(bad.has_value());
+  v1::FailureReport r = HealthFailureReport(*bad, "node-1", 3, 1, 5);
+  EXPECT_EQ(r.kind(), "nan");
+  EXPECT_EQ(r.health_step(), 17);
+  EXPECT_EQ(r.health_data(), "1:64:72");
+  EXPECT_EQ(r.cause(), "non-finite loss (nan) at step 17");
+  EXPECT_EQ(r.node_id(), "node-1");
+  EXPECT_EQ(r.global_rank(), 5);
+  EXPECT_EQ(r.round(), 3);
+  // A spike names its z-score and median; a new round starts clean.
+  c->health_kind.store(static_cast<uint64_t>(HealthKind::kSpike));
+  c->health_value.store(std::bit_cast<uint64_t>(40.0));
+  c->health_median.store(std::bit_cast<uint64_t>(2.5));
+  c->health_z.store(std::bit_cast<uint64_t>(12.25));
+  r = HealthFailureReport(*(*m)->ReadHealth(1), "node-1", 3, 1, 5);
+  EXPECT_EQ(r.kind(), "loss-spike");
+  EXPECT_EQ(r.cause(), "loss spike at step 17: 40, 12.25 robust deviations above the recent median 2.5");
+  (*m)->Reset();
+  EXPECT_FALSE((*m)->ReadHealth(1).has_value());
   munmap(base, ProgressShmSize(2));
 }
 

@@ -231,6 +231,30 @@ std::vector<std::string> ReplicaServer::StoreNames() {
   return names;
 }
 
+int ReplicaServer::DiscardFrom(uint64_t below) {
+  std::vector<std::pair<ckpt::SlotStore*, std::mutex*>> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [rank, store] : stores_) {
+      auto& m = rank_mu_[rank];
+      if (!m) m = std::make_unique<std::mutex>();
+      held.emplace_back(store.get(), m.get());
+    }
+  }
+  int emptied = 0;
+  for (auto& [store, m] : held) {
+    std::lock_guard<std::mutex> lock(*m);  // a replica being received lands first
+    absl::StatusOr<int> n = store->DiscardFrom(below);
+    if (n.ok()) {
+      emptied += *n;
+    } else {
+      spdlog::warn("rollback: cannot drop steps >= {} from replica store {}: {}", below, store->name(),
+                   n.status().ToString());
+    }
+  }
+  return emptied;
+}
+
 absl::StatusOr<ckpt::PinnedSlot> ReplicaServer::Pin(int rank, uint64_t step) {
   ckpt::SlotStore* store = nullptr;
   {

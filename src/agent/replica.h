@@ -74,6 +74,9 @@ class ReplicaServer {
   // that sent a replica), for the workers (BALLAST_CKPT_REPLICAS): a world
   // that changed size reads lost ranks' steps from them.
   std::vector<std::string> StoreNames();
+  // A rollback: drops every step >= `below` of every rank held here
+  // (SlotStore::DiscardFrom). Returns how many slots it emptied.
+  int DiscardFrom(uint64_t below);
   // The step of `rank` held here (newest when step is 0); for tests.
   absl::StatusOr<ckpt::PinnedSlot> Pin(int rank, uint64_t step);
 

@@ -60,6 +60,8 @@ class ReplicaCoordinator {
   // (BALLAST_CKPT_REPLICAS): a world of another size reads the lost ranks'
   // steps from them.
   std::vector<std::string> HeldStores() { return server_->StoreNames(); }
+  // A rollback: the replicas held here drop every step >= below (replica.h).
+  int Rewind(uint64_t below) { return server_->DiscardFrom(below); }
   // Waits for the copies BeforeRound started.
   void JoinCopies();
   std::string address() const;

@@ -145,6 +145,10 @@ int RunAgent(const RunOptions& options) {
     mo.http_port_is_default = !options.http_port.has_value();
     mo.metrics_public = options.metrics_public;
     mo.tls = tls;
+    if (!options.on_nan.empty()) mo.health.on_nan = *health::ParseOnNan(options.on_nan);  // checked by the parser
+    mo.health.max_rollbacks = options.max_rollbacks.value_or(mo.health.max_rollbacks);
+    mo.health.loss_spike_z = options.loss_spike_z;
+    mo.health.skip_data = !options.no_skip_data;
     auto started = master::MasterServer::Start(mo);
     if (!started.ok()) {
       PrintError(absl::StrCat("cannot start the embedded ballast master on ", bind_host, ":", bind_port, ": ",

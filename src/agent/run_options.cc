@@ -1,5 +1,7 @@
 #include "agent/run_options.h"
 
+#include "health/health_policy.h"
+
 #include <regex>
 
 #include <unistd.h>
@@ -269,6 +271,32 @@ const std::map<std::string, FlagDef>& FlagTable() {
         }}},
       {"--exclude-stragglers",
        {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->exclude_stragglers = true; return absl::OkStatus(); }}},
+      {"--on-nan",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          if (!health::ParseOnNan(v).ok()) return FlagError(f, "must be rollback, fail or ignore");
+          o->on_nan = v;
+          return absl::OkStatus();
+        }}},
+      {"--max-rollbacks",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(int n, ParseInt(f, v));
+          if (n < 0) return FlagError(f, "must be >= 0 (0: a bad loss fails the job)");
+          o->max_rollbacks = n;
+          return absl::OkStatus();
+        }}},
+      {"--loss-spike",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(o->loss_spike_z, ParseDouble(f, v));
+          if (o->loss_spike_z != 0 && !(o->loss_spike_z >= 1)) {
+            return FlagError(f, "must be a z-score >= 1 (e.g. 6), or 0 for off");
+          }
+          return absl::OkStatus();
+        }}},
+      {"--no-skip-data",
+       {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->no_skip_data = true; return absl::OkStatus(); }}},
       {"--node-unit",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
@@ -448,6 +476,14 @@ Workers:
                             next K nodes' memory, so a replacement node restores
                             from a peer instead of disk [1; 0: off]
   --monitor-interval S      how often workers are checked [0.05]
+  --on-nan MODE             a NaN/Inf loss reported with ballast.step(step, loss=):
+                            rollback (every rank restarts from the newest checkpoint
+                            before the bad step, its data skipped), fail, or ignore
+                            [rollback]
+  --max-rollbacks K         rollbacks before the job fails [3]
+  --loss-spike Z            also roll back a loss Z robust deviations above the rank's
+                            recent median, e.g. 6 [0: off]
+  --no-skip-data            after a rollback, train the bad step's samples again
   --hang-timeout S          a worker whose `ballast.step()` progress stops for S seconds
                             is hung: its Python stacks are logged and the workers
                             restart as for a failure [0: off]; see the tunables

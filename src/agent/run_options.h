@@ -39,6 +39,11 @@ struct RunOptions {
   std::string role = "default";        // --role
   bool precheck = false;               // --network-check / --precheck 1: pre-flight check
   bool exclude_stragglers = false;     // --exclude-stragglers
+  // Training health (health/health_policy.h); unset: the master's.
+  std::string on_nan;                  // --on-nan rollback|fail|ignore
+  std::optional<int> max_rollbacks;    // --max-rollbacks K
+  double loss_spike_z = 0;             // --loss-spike Z (0: not given)
+  bool no_skip_data = false;           // --no-skip-data
   int node_unit = 0;                   // --node-unit; 0 = the master's
   std::string token;                   // --token or BALLAST_TOKEN
   TlsFiles tls;                        // --tls-cert/--tls-key/--tls-ca, else BALLAST_TLS_* (common/tls.h)

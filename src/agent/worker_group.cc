@@ -95,6 +95,7 @@ std::map<std::string, std::string> WorkerEnvironment(const WorkerSpec& spec, con
   if (local_rank >= 0 && static_cast<size_t>(local_rank) < spec.local_rank_env.size()) {
     for (const auto& [k, v] : spec.local_rank_env[local_rank]) env[k] = v;
   }
+  for (const auto& [k, v] : round.env) env[k] = v;
   int rank = round.rank_offset + local_rank;
   env["RANK"] = absl::StrCat(rank);
   env["LOCAL_RANK"] = absl::StrCat(local_rank);

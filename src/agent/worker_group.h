@@ -82,6 +82,9 @@ struct RoundSpec {
   std::string run_id;
   std::string master_addr;
   int master_port = 0;
+  // Other variables of the round (e.g. BALLAST_ON_NAN, BALLAST_SKIP_DATA): they
+  // come with each start, like RANK, so a warm interpreter gets them too.
+  std::map<std::string, std::string> env;
 };
 
 struct WorkerEvent {

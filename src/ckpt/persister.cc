@@ -249,6 +249,34 @@ absl::Status CommitStep(const std::string& dir, uint64_t step, int world_size, i
   return ApplyRetentionLocked(dir, keep_last);
 }
 
+absl::StatusOr<std::vector<uint64_t>> RewindSteps(const std::string& dir, uint64_t below) {
+  std::vector<uint64_t> deleted;
+  if (!fs::is_directory(dir)) return deleted;
+  ASSIGN_OR_RETURN(auto lock, CommitLock::Acquire(dir));
+  std::error_code ec;
+  for (uint64_t step : ListSteps(dir)) {
+    if (step < below) continue;
+    const std::string sdir = StepDir(dir, step);
+    fs::remove(absl::StrCat(sdir, "/", kCompleteMarker), ec);
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      return IoError(ec.value(), absl::StrCat("remove ", sdir, "/", kCompleteMarker));
+    }
+    fs::remove_all(sdir, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory) return IoError(ec.value(), absl::StrCat("remove ", sdir));
+    deleted.push_back(step);
+  }
+  absl::StatusOr<uint64_t> latest = ReadLatestStep(dir);
+  if (latest.ok() && *latest >= below) {
+    std::vector<uint64_t> complete = ListCompleteSteps(dir);
+    if (complete.empty()) {
+      fs::remove(LatestPath(dir), ec);
+    } else {
+      RETURN_IF_ERROR(WriteFileAtomically(LatestPath(dir), absl::StrCat(complete.back(), "\n")));
+    }
+  }
+  return deleted;
+}
+
 absl::StatusOr<bool> LocalCommitCoordinator::OnShardDurable(uint64_t step, int rank) {
   if (!AllShardsDurable(dir_, step, world_size_)) return false;
   RETURN_IF_ERROR(CommitStep(dir_, step, world_size_, keep_last_));

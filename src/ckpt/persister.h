@@ -71,6 +71,12 @@ bool AllShardsDurable(const std::string& dir, uint64_t step, int world_size);
 // when every rank's shard is durable.
 absl::Status CommitStep(const std::string& dir, uint64_t step, int world_size, int keep_last);
 
+// A rollback (training health): deletes every step >= `below` (its COMPLETE
+// marker first, so a crash halfway leaves an incomplete step, never a wrong
+// complete one) and points `latest` at the newest complete step left (no
+// `latest` when none is). The one place `latest` moves backwards. Under the
+// commit lock. Returns the steps deleted.
+absl::StatusOr<std::vector<uint64_t>> RewindSteps(const std::string& dir, uint64_t below);
 // Steps with a step-<N> directory, ascending; and those marked COMPLETE.
 std::vector<uint64_t> ListSteps(const std::string& dir);
 std::vector<uint64_t> ListCompleteSteps(const std::string& dir);

@@ -102,6 +102,25 @@ TEST(CkptPersister, LatestNeverMovesBackwards) {
   EXPECT_EQ(*ReadLatestStep(dir), 20u);
 }
 
+TEST(CkptPersister, RewindDeletesTheDroppedStepsAndMovesLatestBack) {
+  const std::string dir = MakeTempDir("rewind");
+  for (uint64_t step : {2, 4, 6}) ASSERT_TRUE(WriteAndCommit(dir, step, 2, 5).ok());
+  auto img = ImageForStep(7);
+  ASSERT_TRUE(WriteShardFile(dir, 7, 0, img.data(), img.size()).ok());  // in progress
+  auto gone = RewindSteps(dir, 5);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_THAT(*gone, ElementsAre(6, 7));
+  EXPECT_THAT(ListSteps(dir), ElementsAre(2, 4));
+  EXPECT_EQ(*ReadLatestStep(dir), 4u);
+  // The re-trained step 6 commits again; a rewind below every step leaves no latest.
+  ASSERT_TRUE(WriteAndCommit(dir, 6, 2, 5).ok());
+  EXPECT_EQ(*ReadLatestStep(dir), 6u);
+  ASSERT_TRUE(RewindSteps(dir, 1).ok());
+  EXPECT_TRUE(ListSteps(dir).empty());
+  EXPECT_FALSE(ReadLatestStep(dir).ok());
+  EXPECT_TRUE(RewindSteps(dir + "/missing", 1)->empty());
+}
+
 TEST(CkptPersister, RetentionKeepsNewestKCompleteSteps) {
   const std::string dir = MakeTempDir("keep");
   ASSERT_TRUE(WriteAndCommit(dir, 1, 2, 2).ok());

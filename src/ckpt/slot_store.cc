@@ -372,6 +372,29 @@ void SlotStore::Abort(SlotWrite* w) {
   w->mapping_.reset();
 }
 
+absl::StatusOr<int> SlotStore::DiscardFrom(uint64_t step) {
+  const bool was_writer = writer_;
+  RETURN_IF_ERROR(AcquireWriter());
+  int emptied = 0;
+  for (int i = 0; i < num_slots_; ++i) {
+    SlotControl& c = slot_control(i);
+    const uint64_t seq = c.seq.load(std::memory_order_acquire);
+    if (seq % 2 != 0 || c.state.load() != static_cast<uint32_t>(SlotState::kCommitted) || c.step.load() < step) {
+      continue;
+    }
+    c.seq.store(seq + 1);
+    c.state.store(static_cast<uint32_t>(SlotState::kEmpty), std::memory_order_relaxed);
+    c.seq.store(seq + 2, std::memory_order_release);
+    ++emptied;
+  }
+  PersistChannel& p = block_->persist;
+  for (std::atomic<uint64_t>* word : {&p.request_step, &p.durable_step, &p.committed_step}) {
+    if (word->load() >= step) word->store(step > 0 ? step - 1 : 0);
+  }
+  if (!was_writer) ReleaseWriter();
+  return emptied;
+}
+
 absl::StatusOr<PinnedSlot> SlotStore::PinLatest() { return Pin(std::nullopt); }
 absl::StatusOr<PinnedSlot> SlotStore::PinStep(uint64_t step) { return Pin(step); }
 

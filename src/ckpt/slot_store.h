@@ -218,6 +218,14 @@ class SlotStore {
 
   std::vector<SlotInfo> Inspect() const;
 
+  // A rollback (training health): every committed step >= `step` disappears
+  // (its slot becomes empty; a reader that pinned it before keeps its
+  // bytes), and the persistence channel's steps are clamped below `step` so
+  // the re-trained steps of those numbers persist again. Takes the writer
+  // role for the call (kFailedPrecondition while a live writer holds it: stop
+  // the worker first). Returns how many slots it emptied.
+  absl::StatusOr<int> DiscardFrom(uint64_t step);
+
   // --- Persistence channel (worker <-> persister), in the control block. ---
   // Monotonic step words: a smaller value than the current one is ignored.
   // Writer: where persisted steps go (seqlocked; kInvalidArgument if bad).

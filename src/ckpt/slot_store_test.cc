@@ -151,6 +151,44 @@ TEST(CkptSlotStore, AlternatesSlotsAndNeverOverwritesNewestCommitted) {
   ExpectMatchesStep(*snap, 100);
 }
 
+TEST(CkptSlotStore, DiscardFromDropsNewerStepsAndClampsThePersistChannel) {
+  auto store = SlotStore::Create(UniqueShmName("discard"), StoreOpts(3));
+  ASSERT_TRUE(store.ok());
+  {
+    // A blocking saver keeps the newest step and the one before it.
+    CheckpointWriter writer(store->get(), Opts(1));
+    StepState st(0, 100);
+    for (uint64_t step = 4; step <= 6; ++step) {
+      st.Fill(step);
+      ASSERT_TRUE(writer.Save(step, st.views).ok());
+    }
+    (*store)->RequestPersist(6);
+    (*store)->MarkDurable(6);
+    (*store)->MarkCommitted(5);
+    (*store)->ReleaseWriter();
+  }
+  auto agent = SlotStore::Open((*store)->name());
+  ASSERT_TRUE(agent.ok());
+  auto n = (*agent)->DiscardFrom(6);  // step 6 went bad
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  auto snap = RestoreFromShm(agent->get());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step(), 5u);
+  ExpectMatchesStep(*snap, 100);
+  EXPECT_EQ((*store)->requested_persist_step(), 5u);
+  EXPECT_EQ((*store)->durable_step(), 5u);
+  EXPECT_EQ((*store)->committed_step(), 5u);
+  // The next worker writes again; step 6 of the new history is the newest.
+  CheckpointWriter writer(store->get(), Opts(1));
+  StepState st(6, 100);
+  ASSERT_TRUE(writer.Save(6, st.views).ok());
+  snap = RestoreFromShm(store->get());
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(snap->step(), 6u);
+  ExpectMatchesStep(*snap, 100);
+}
+
 TEST(CkptSlotStore, SaveWhilePersistingGoesToTheOtherSlot) {
   auto store = SlotStore::Create(UniqueShmName("pin"));
   ASSERT_TRUE(store.ok());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/health_flags.h"
 #include "cli/http_flags.h"
 #include "cli/tls_flags.h"
 #include "common/net.h"
@@ -110,6 +111,8 @@ int MasterCommand(const Args& args) {
   app.add_option("--port", opts.port, "Port to listen on (0: any free port)")->capture_default_str();
   HttpFlags http;
   http.Add(app);
+  HealthFlags health;
+  health.Add(app);
   app.add_option("--advertise-host", opts.advertise_host, "Host name agents use to reach this master");
   app.add_option("--token", token, "Job token agents must present (default: $BALLAST_TOKEN, else random)");
   app.add_option("--job-id,--rdzv-id,--rdzv_id", opts.job_id, "Job id (TORCHELASTIC_RUN_ID); default random");
@@ -141,6 +144,12 @@ int MasterCommand(const Args& args) {
   bool serve_until_stopped = false;
   app.add_flag("--serve-until-stopped", serve_until_stopped, "After the job ends, serve until SIGTERM")->group("");
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+  absl::StatusOr<health::HealthPolicy> health_policy = health.Get();
+  if (!health_policy.ok()) {
+    std::fprintf(stderr, "ballast master: %s\n", std::string(health_policy.status().message()).c_str());
+    return kUsageExit;
+  }
+  opts.health = *health_policy;
   if (!k8s.job_name.empty()) {
     // The job's spec holds the settings: flags that would contradict it are refused.
     if (app.count("--nnodes") > 0 || app.count("--node-unit") > 0 || app.count("--max-restarts") > 0 ||
@@ -155,6 +164,12 @@ int MasterCommand(const Args& args) {
     k8s.token = TokenFromFlagOrEnv(token);
     if (const char* pod = std::getenv("BALLAST_POD_NAME"); pod != nullptr) k8s.pod_name = pod;
     k8s.journal_dir = opts.journal_dir;
+    if (app.count("--on-nan") > 0 || app.count("--max-rollbacks") > 0 || app.count("--loss-spike") > 0 ||
+        health.no_skip_data) {
+      std::fprintf(stderr, "ballast master: with --kubernetes-job the ElasticJob's spec sets onNan, maxRollbacks, "
+                           "lossSpike and skipData; drop those flags\n");
+      return kUsageExit;
+    }
     if (!k8s.journal_dir.empty() && !no_supervise && std::getenv(kSupervisedEnv) == nullptr) {
       return SuperviseMaster(args, k8s.token, k8s.journal_dir);
     }

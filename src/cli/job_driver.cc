@@ -29,6 +29,7 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
                  "Lost nodes replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)");
   app.add_option("--port", f->port, "Master port (0: any free port)");
   f->http.Add(app);
+  f->health.Add(app);
   app.add_flag("--network-check,--network_check", f->network_check,
                "Pre-flight check before training: nodes run matmul + allreduce in pairs; faulty ones are replaced");
   app.add_flag("--exclude-stragglers,--exclude_stragglers", f->exclude_stragglers,
@@ -92,6 +93,10 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
     std::fprintf(stderr, "ballast %s: --warm-modules: %s\n", cmd, std::string(modules.status().message()).c_str());
     return kUsageExit;
   }
+  if (auto health = f->health.Get(); !health.ok()) {
+    std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(health.status().message()).c_str());
+    return kUsageExit;
+  }
   if (f->exclude_stragglers && !f->network_check) {
     std::fprintf(stderr, "ballast %s: --exclude-stragglers needs --network-check (stragglers are found by the check)\n",
                  cmd);
@@ -149,6 +154,7 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
   mopts.max_nodes = f.range.max;
   mopts.node_unit = f.node_unit;
   mopts.max_restarts = f.max_restarts;
+  mopts.health = *f.health.Get();  // checked by CheckJobFlags
   // The master tells the node manager (created once the master's address is
   // known, before any agent starts) which nodes it lost or excluded.
   scheduler::NodeCallbacks forward = scheduler::ForwardTo(node_manager);

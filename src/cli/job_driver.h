@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #include "cli/cli_util.h"
+#include "cli/health_flags.h"
 #include "cli/http_flags.h"
 #include "cli/tls_flags.h"
 #include "cli/master_process.h"
@@ -32,6 +33,7 @@ struct JobFlags {
   int max_replacements = -1;
   int port = 0;
   HttpFlags http;
+  HealthFlags health;
   bool network_check = false;
   bool exclude_stragglers = false;
   std::string chaos;  // --chaos SPEC (common/chaos.h)

@@ -1,5 +1,7 @@
 #include "cli/master_process.h"
 
+#include "cli/health_flags.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -82,6 +84,7 @@ std::vector<std::string> MasterProcess::Argv() const {
   if (!job_id_.empty()) argv.insert(argv.end(), {"--job-id", job_id_});
   if (m.precheck) argv.push_back("--network-check");
   if (m.exclude_stragglers) argv.push_back("--exclude-stragglers");
+  for (std::string& a : HealthFlags::Argv(m.health)) argv.push_back(std::move(a));
   if (options_.http_port_given) argv.insert(argv.end(), {"--http-port", std::to_string(m.http_port)});
   if (m.metrics_public) argv.push_back("--metrics-public");
   if (!m.tls.cert.empty()) argv.insert(argv.end(), {"--tls-cert", m.tls.cert, "--tls-key", m.tls.key});

@@ -36,6 +36,11 @@ const std::vector<KindDef>& Kinds() {
        {{"node", ValueType::kInt, true, 0}, {"factor", ValueType::kNumber, true, 0}}},
       {"kill-agent", "the node's agent SIGKILLs itself `after` seconds after its workers first start",
        {{"node", ValueType::kInt, true, 0}, {"after", ValueType::kNumber, true, 0}}},
+      // Applied by the worker (python/ballast/health.py), not the agent.
+      {"nan", "worker rank `rank` reports a NaN loss (ballast.step(step, loss=)) at step at_step, in the attempt "
+              "with TORCHELASTIC_RESTART_COUNT `restart` (default 0)",
+       {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0},
+        {"restart", ValueType::kInt, false, 0}}},
   };
   return *kinds;
 }

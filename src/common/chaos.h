@@ -6,6 +6,8 @@
 //   "kill-agent:node=0,after=5"             node 0's agent SIGKILLs itself 5 s after
 //                                           its workers first start (a lost node)
 //   "check-fail:node=1,incarnation=2"       the first replacement of node 1 fails
+//   "nan:rank=3,at_step=40"                 worker rank 3 reports a NaN loss at step 40
+//                                           (applied by the worker: python/ballast/health.py)
 // `ballast launch --chaos SPEC` hands the spec to its agents as BALLAST_CHAOS
 // and numbers the agents of a node rank in BALLAST_CHAOS_INCARNATION (1 for
 // the first, 2 for its first replacement, ...); an agent applies the faults

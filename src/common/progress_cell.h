@@ -23,7 +23,10 @@ namespace ballast {
 // The environment variable that names the node's progress shm object.
 inline constexpr char kProgressShmEnv[] = "BALLAST_PROGRESS_SHM";
 // First 8 bytes of the object: tells a stale or foreign object apart.
-inline constexpr uint64_t kProgressMagic = 0x32676f7270626c62ULL;  // "blbprog2"
+inline constexpr uint64_t kProgressMagic = 0x33676f7270626c62ULL;  // "blbprog3"
+
+// A bad loss a worker saw (health/health_policy.h), in its cell.
+enum class HealthKind : uint64_t { kNone = 0, kNonFinite = 1, kSpike = 2 };
 
 struct alignas(64) ProgressCell {
   std::atomic<uint64_t> step{0};            // the last step the worker reported
@@ -35,8 +38,21 @@ struct alignas(64) ProgressCell {
   // goodput accountant. Added to by the worker only.
   std::atomic<uint64_t> ckpt_saves{0};
   std::atomic<uint64_t> ckpt_stall_ns{0};
+  // Training health: the first bad loss of this round (ballast.step(step,
+  // loss=)). The worker writes the details, then `health_kind` (release);
+  // the agent reads health_kind (acquire), then the details. Written once
+  // per round: the worker stops making progress after it.
+  std::atomic<uint64_t> health_kind{0};      // HealthKind
+  std::atomic<uint64_t> health_step{0};
+  std::atomic<uint64_t> health_value{0};     // the loss (double bits)
+  std::atomic<uint64_t> health_median{0};    // a spike: the recent median (double bits)
+  std::atomic<uint64_t> health_z{0};         // a spike: its robust z-score (double bits)
+  // The bad step's samples (an ElasticSampler's global positions); end 0: unknown.
+  std::atomic<uint64_t> health_epoch{0};
+  std::atomic<uint64_t> health_begin{0};
+  std::atomic<uint64_t> health_end{0};
 };
-static_assert(sizeof(ProgressCell) == 64);
+static_assert(sizeof(ProgressCell) == 128);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 struct alignas(64) ProgressHeader {

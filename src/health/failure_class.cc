@@ -146,12 +146,14 @@ const char* FailureKindName(FailureKind kind) {
     case FailureKind::kStoreTimeout: return "store-timeout";
     case FailureKind::kNodeLost: return "node-lost";
     case FailureKind::kCheckpointLost: return "checkpoint-lost";
+    case FailureKind::kNonFiniteLoss: return "nan";
+    case FailureKind::kLossSpike: return "loss-spike";
   }
   return "unknown";
 }
 
 std::optional<FailureKind> ParseFailureKind(std::string_view name) {
-  for (int k = 0; k <= static_cast<int>(FailureKind::kCheckpointLost); ++k) {
+  for (int k = 0; k <= static_cast<int>(FailureKind::kLossSpike); ++k) {
     if (name == FailureKindName(static_cast<FailureKind>(k))) return static_cast<FailureKind>(k);
   }
   return std::nullopt;

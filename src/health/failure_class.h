@@ -30,6 +30,8 @@ enum class FailureKind {
   kStoreTimeout, // the workers' process group did not form in time
   kNodeLost,     // the master lost the whole node (its failure record; no worker reports it)
   kCheckpointLost,  // ballast's Checkpointer.load(): no checkpoint covers some ranks (not retried)
+  kNonFiniteLoss,   // a worker reported a NaN/Inf loss (ballast.step(loss=)): a rollback, not a crash
+  kLossSpike,       // a worker's loss spiked (--loss-spike): a rollback, not a crash
 };
 
 // What the supervisor knows about one failure.
@@ -58,7 +60,7 @@ FailureClass Classify(const FailureEvidence& evidence);
 
 // "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
 // "cuda-error", "nccl-error", "hang", "check-failed", "unreachable",
-// "store-timeout", "node-lost", "checkpoint-lost".
+// "store-timeout", "node-lost", "checkpoint-lost", "nan", "loss-spike".
 const char* FailureKindName(FailureKind kind);
 // The kind a name stands for (FailureKindName's inverse); nullopt for any
 // other text.

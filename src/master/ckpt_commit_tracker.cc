@@ -1,5 +1,7 @@
 #include "master/ckpt_commit_tracker.h"
 
+#include <algorithm>
+
 namespace ballast::master {
 
 CkptCommitTracker::Result CkptCommitTracker::Report(const std::string& dir, int64_t step, int rank,
@@ -30,6 +32,13 @@ CkptCommitTracker::Result CkptCommitTracker::Report(const std::string& dir, int6
   }
   r.committed_step = d.committed;
   return r;
+}
+
+void CkptCommitTracker::Rewind(int64_t below) {
+  for (auto& [name, d] : dirs_) {
+    d.committed = std::min(d.committed, below - 1);
+    d.pending.erase(d.pending.lower_bound(below), d.pending.end());
+  }
 }
 
 std::vector<v1::CkptDirState> CkptCommitTracker::ToProto() const {

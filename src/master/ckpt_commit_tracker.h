@@ -32,6 +32,10 @@ class CkptCommitTracker {
   };
   // rank must be in [0, world_size) (the caller validates).
   Result Report(const std::string& dir, int64_t step, int rank, int world_size);
+  // A rollback (training health) drops every step >= below, in every dir:
+  // the agents delete them from disk, and the re-trained steps of those
+  // numbers commit again.
+  void Rewind(int64_t below);
 
   std::vector<v1::CkptDirState> ToProto() const;
   void FromProto(const google::protobuf::RepeatedPtrField<v1::CkptDirState>& dirs);

@@ -1,5 +1,7 @@
 #include "master/failure_arbiter.h"
 
+#include "master/fault_policy.h"
+
 #include <algorithm>
 #include <set>
 #include <tuple>
@@ -56,14 +58,16 @@ std::vector<FailureArbiter::Held> FailureArbiter::TakeDue(
 }
 
 std::string FailureArbiter::OrderForBlame(std::vector<Held>* reports) {
-  // Hangs first (a crash in the same window follows from the hung worker
-  // being killed), blamed in order: outside a collective, lowest step,
-  // longest without progress.
+  // A bad loss first (its agent stopped the workers: the other ranks'
+  // crashes follow from it), then hangs (a crash in the same window follows
+  // from the hung worker being killed), blamed in order: outside a
+  // collective, lowest step, longest without progress.
   auto key = [](const Held& h) {
     const v1::FailureReport& r = h.report;
     const bool hang = IsHangReport(r);
     const bool victim = !r.hang_stack_found() || r.hang_in_collective();
-    return std::make_tuple(hang ? 0 : 1, hang && victim ? 1 : 0, hang ? r.hang_last_step() : 0,
+    const int cls = FaultPolicy::IsHealthReport(r) ? 0 : (hang ? 1 : 2);
+    return std::make_tuple(cls, hang && victim ? 1 : 0, hang ? r.hang_last_step() : 0,
                            hang ? -r.hang_idle_s() : 0.0);
   };
   std::stable_sort(reports->begin(), reports->end(), [&](const Held& a, const Held& b) { return key(a) < key(b); });

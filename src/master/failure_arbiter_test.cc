@@ -90,5 +90,14 @@ TEST(FailureArbiter, DetectionCountsTheHeldTimeAndAHangsIdleTime) {
   EXPECT_DOUBLE_EQ(FailureArbiter::DetectionSeconds(h, 0), 30);
 }
 
+TEST(FailureArbiter, ABadLossIsBlamedBeforeTheCrashesAndHangsItCaused) {
+  std::vector<FailureArbiter::Held> held = {{Report("a", 1), "ha", 0},
+                                            {Hang("b", 3, 7, true), "hb", 0},
+                                            {Report("c", 1, "nan"), "hc", 0}};
+  FailureArbiter::OrderForBlame(&held);
+  EXPECT_EQ(held[0].report.node_id(), "c");
+  EXPECT_EQ(held[1].report.node_id(), "b");
+}
+
 }  // namespace
 }  // namespace ballast::master

@@ -136,8 +136,10 @@ TEST(PrometheusText, ExportsEachFamilyWithConventionalNames) {
   p->set_seconds(30);
   Histogram recovery({1, 10});
   recovery.Observe(0.2);
-  std::map<std::string, int> restarts{{"killed", 2}};
+  std::map<std::string, int> restarts{{"killed", 2}, {"nan", 1}};
   std::string text = PrometheusText({&st, &recovery, &restarts});
+  EXPECT_THAT(text, HasSubstr("ballast_rollbacks_total{reason=\"nan\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rollbacks_total{reason=\"loss-spike\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE ballast_goodput_ratio gauge\nballast_goodput_ratio 0.75\n"));
   EXPECT_THAT(text, HasSubstr("ballast_time_seconds_total{part=\"productive\"} 30\n"));
   EXPECT_THAT(text, HasSubstr("ballast_restarts_total{cause=\"killed\"} 2\n"));

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/subprocess.h"
+#include "health/failure_class.h"
 
 namespace ballast::master {
 
@@ -41,6 +42,46 @@ std::string FaultPolicy::JobFailureMessage(const v1::FailureReport& report,
   return msg;
 }
 
+bool FaultPolicy::IsHealthReport(const v1::FailureReport& report) {
+  return report.kind() == health::FailureKindName(health::FailureKind::kNonFiniteLoss) ||
+         report.kind() == health::FailureKindName(health::FailureKind::kLossSpike);
+}
+
+int FaultPolicy::rollbacks() const {
+  int n = 0;
+  for (health::FailureKind k : {health::FailureKind::kNonFiniteLoss, health::FailureKind::kLossSpike}) {
+    auto it = restarts_by_kind_.find(health::FailureKindName(k));
+    if (it != restarts_by_kind_.end()) n += it->second;
+  }
+  return n;
+}
+
+FailureVerdict FaultPolicy::OnBadLoss(const v1::FailureReport& report, const std::string& host) {
+  const std::string who = absl::StrCat("worker rank ", report.global_rank(), " (local rank ", report.local_rank(),
+                                       ") on node ", report.node_id(), " (host ", host, ") in round ", report.round(),
+                                       ": ", DescribeCause(report));
+  switch (health_.on_nan) {
+    case health::OnNan::kIgnore:
+      return {FailureAction::kIgnore, absl::StrCat("bad loss ignored (--on-nan ignore): ", who)};
+    case health::OnNan::kFail:
+      return {FailureAction::kFailJob, absl::StrCat("job failed: bad loss (--on-nan fail): ", who)};
+    case health::OnNan::kRollback:
+      break;
+  }
+  const int used = rollbacks();
+  if (used >= health_.max_rollbacks) {
+    return {FailureAction::kFailJob,
+            absl::StrCat("job failed: bad loss after ", used, " of ", health_.max_rollbacks,
+                         " rollbacks: ", who,
+                         "; the loss keeps going bad after rolling back: look at the data and the learning rate "
+                         "near that step (raise --max-rollbacks to allow more)")};
+  }
+  ++restarts_by_kind_[report.kind()];
+  return {FailureAction::kRollback,
+          absl::StrCat("rolling back (rollback ", used + 1, " of ", health_.max_rollbacks,
+                       ") to the newest checkpoint before step ", report.health_step(), ": ", who)};
+}
+
 FailureVerdict FaultPolicy::OnFailure(const v1::FailureReport& report, const std::string& host,
                                       int restarts_used) {
   if (report.round() <= decided_round_) {
@@ -49,7 +90,13 @@ FailureVerdict FaultPolicy::OnFailure(const v1::FailureReport& report, const std
                          " already had its failure decision (", DescribeWorker(report, host),
                          ")")};
   }
+  if (IsHealthReport(report)) {
+    FailureVerdict v = OnBadLoss(report, host);
+    if (v.action != FailureAction::kIgnore) decided_round_ = report.round();
+    return v;
+  }
   decided_round_ = report.round();
+  restarts_used -= rollbacks();  // rollbacks have a limit of their own
   if (report.max_retries() >= 0 && !report.kind().empty() &&
       restarts_by_kind_[report.kind()] >= report.max_retries()) {
     return {FailureAction::kFailJob,

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "ballast/v1/master.pb.h"
+#include "health/health_policy.h"
 
 namespace ballast::master {
 
@@ -29,6 +30,7 @@ enum class FailureAction {
   kIgnore,    // a later report for a round that already had its decision
   kRestart,   // restart the round in place (new round, restart_count + 1)
   kFailJob,   // max_restarts used up: the job fails with `message`
+  kRollback,  // a bad loss (health_policy.h): restart every rank from the step before it
 };
 
 struct FailureVerdict {
@@ -38,14 +40,22 @@ struct FailureVerdict {
 
 class FaultPolicy {
  public:
-  explicit FaultPolicy(int max_restarts) : max_restarts_(max_restarts) {}
+  explicit FaultPolicy(int max_restarts, health::HealthPolicy health = {})
+      : max_restarts_(max_restarts), health_(health) {}
 
   // Decides on `report` (already checked to be for the current round).
-  // `host` is the failed node's host, `restarts_used` the job's restart count.
+  // `host` is the failed node's host, `restarts_used` the job's restart count
+  // (rollbacks included: they are restarts of the workers, but use up
+  // --max-rollbacks, not --max-restarts).
   FailureVerdict OnFailure(const v1::FailureReport& report, const std::string& host,
                            int restarts_used);
 
   int max_restarts() const { return max_restarts_; }
+  const health::HealthPolicy& health() const { return health_; }
+  // Rollbacks so far (failures of kind "nan" and "loss-spike" rolled back).
+  int rollbacks() const;
+  // Whether a report is a bad loss (kind "nan" or "loss-spike").
+  static bool IsHealthReport(const v1::FailureReport& report);
   // Its state, for the master's journal, and back from it.
   int64_t decided_round() const { return decided_round_; }
   const std::map<std::string, int>& restarts_by_kind() const { return restarts_by_kind_; }
@@ -66,7 +76,10 @@ class FaultPolicy {
                                        int restarts_used, int max_restarts);
 
  private:
+  FailureVerdict OnBadLoss(const v1::FailureReport& report, const std::string& host);
+
   int max_restarts_;
+  health::HealthPolicy health_;
   int64_t decided_round_ = -1;  // the last round a report decided on
   std::map<std::string, int> restarts_by_kind_;  // restarts spent on each failure kind
 };

@@ -1,6 +1,7 @@
 #include "master/fault_policy.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -94,6 +95,61 @@ TEST(FaultPolicy, EmptyStderrIsSaidSo) {
   v1::FailureReport r = Report(1);
   r.clear_stderr_tail();
   EXPECT_THAT(FaultPolicy::JobFailureMessage(r, "h", 0, 0), EndsWith("its stderr was empty"));
+}
+
+
+v1::FailureReport BadLoss(int64_t round, int64_t step, const char* kind = "nan") {
+  v1::FailureReport r = Report(round, 0, 0);
+  r.set_kind(kind);
+  r.set_cause(absl::StrCat("non-finite loss (nan) at step ", step));
+  r.set_health_step(step);
+  r.set_max_retries(-1);
+  return r;
+}
+
+TEST(FaultPolicy, BadLossRollsBackUpToMaxRollbacksThenFailsNamingRankStepAndNode) {
+  health::HealthPolicy hp;
+  hp.max_rollbacks = 2;
+  FaultPolicy p(5, hp);
+  FailureVerdict v = p.OnFailure(BadLoss(1, 17), "h7", 0);
+  EXPECT_EQ(v.action, FailureAction::kRollback);
+  EXPECT_THAT(v.message, HasSubstr("rollback 1 of 2"));
+  EXPECT_THAT(v.message, HasSubstr("before step 17"));
+  EXPECT_EQ(p.OnFailure(BadLoss(2, 30, "loss-spike"), "h7", 1).action, FailureAction::kRollback);
+  EXPECT_EQ(p.rollbacks(), 2);
+  FailureVerdict last = p.OnFailure(BadLoss(3, 31), "h7", 2);
+  EXPECT_EQ(last.action, FailureAction::kFailJob);
+  EXPECT_THAT(last.message, HasSubstr("2 of 2 rollbacks"));
+  EXPECT_THAT(last.message, HasSubstr("worker rank 5"));
+  EXPECT_THAT(last.message, HasSubstr("node node-7 (host h7)"));
+  EXPECT_THAT(last.message, HasSubstr("at step 31"));
+  EXPECT_THAT(last.message, HasSubstr("--max-rollbacks"));
+}
+
+TEST(FaultPolicy, RollbacksDoNotUseUpMaxRestarts) {
+  FaultPolicy p(1);
+  EXPECT_EQ(p.OnFailure(BadLoss(1, 5), "h", 0).action, FailureAction::kRollback);
+  EXPECT_EQ(p.OnFailure(BadLoss(2, 9), "h", 1).action, FailureAction::kRollback);
+  // Two restarts so far, both rollbacks: the one crash restart is still there.
+  FailureVerdict crash = p.OnFailure(Report(3), "h", 2);
+  EXPECT_EQ(crash.action, FailureAction::kRestart);
+  EXPECT_THAT(crash.message, HasSubstr("restart 1 of 1"));
+  EXPECT_EQ(p.OnFailure(Report(4), "h", 3).action, FailureAction::kFailJob);
+}
+
+TEST(FaultPolicy, OnNanFailAndIgnore) {
+  health::HealthPolicy fail;
+  fail.on_nan = health::OnNan::kFail;
+  FaultPolicy pf(3, fail);
+  FailureVerdict v = pf.OnFailure(BadLoss(1, 4), "h", 0);
+  EXPECT_EQ(v.action, FailureAction::kFailJob);
+  EXPECT_THAT(v.message, HasSubstr("--on-nan fail"));
+  health::HealthPolicy ignore;
+  ignore.on_nan = health::OnNan::kIgnore;
+  FaultPolicy pi(3, ignore);
+  EXPECT_EQ(pi.OnFailure(BadLoss(1, 4), "h", 0).action, FailureAction::kIgnore);
+  // Ignoring it decided nothing: a crash of the same round still restarts.
+  EXPECT_EQ(pi.OnFailure(Report(1), "h", 0).action, FailureAction::kRestart);
 }
 
 }  // namespace

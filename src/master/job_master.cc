@@ -30,6 +30,10 @@ v1::JobSpec MakeSpec(const JobMasterOptions& o) {
   spec.set_run_id(o.job_id);
   spec.set_last_call_s(o.last_call_s);
   spec.set_wait_for_nodes_s(o.wait_for_nodes_s);
+  spec.set_on_nan(health::OnNanName(o.health.on_nan));
+  spec.set_max_rollbacks(o.health.max_rollbacks);
+  spec.set_loss_spike_z(o.health.loss_spike_z);
+  spec.set_no_skip_data(!o.health.skip_data);
   return spec;
 }
 
@@ -135,7 +139,7 @@ JobMaster::JobMaster(JobMasterOptions options)
       events_(clock_, start_time_),
       rdzv_(MakeRendezvousConfig(options_)),
       nodes_(clock_, options_.heartbeat_timeout_s),
-      policy_(options_.max_restarts),
+      policy_(options_.max_restarts, options_.health),
       arbiter_(options_.failure_settle_s, options_.hang_settle_s) {
   message_ = absl::StrCat("waiting for nodes (--nnodes ", NnodesText(), ")");
   precheck_.enabled = options_.precheck;
@@ -195,6 +199,24 @@ absl::Status JobMaster::CheckSpec(const v1::JobSpec& given) const {
     diffs.push_back(absl::StrCat("this agent was started with --rdzv-id ", given.run_id(),
                                  " but the job master runs --rdzv-id ", spec_.run_id(),
                                  "; start the agent with the same --rdzv-id or without it"));
+  }
+  auto health_diff = [&](const char* flag, const std::string& agent, const std::string& master) {
+    diffs.push_back(absl::StrCat("this agent was started with ", flag, " ", agent, " but the job master runs ", flag,
+                                 " ", master, "; start the agent with the same ", flag, " or without it"));
+  };
+  if (!given.on_nan().empty() && given.on_nan() != spec_.on_nan()) {
+    health_diff("--on-nan", given.on_nan(), spec_.on_nan());
+  }
+  if (given.has_max_rollbacks() && given.max_rollbacks() != spec_.max_rollbacks()) {
+    health_diff("--max-rollbacks", absl::StrCat(given.max_rollbacks()), absl::StrCat(spec_.max_rollbacks()));
+  }
+  if (given.loss_spike_z() != 0 && given.loss_spike_z() != spec_.loss_spike_z()) {
+    health_diff("--loss-spike", absl::StrCat(given.loss_spike_z()),
+                spec_.loss_spike_z() > 0 ? absl::StrCat(spec_.loss_spike_z()) : "off");
+  }
+  if (given.no_skip_data() && !spec_.no_skip_data()) {
+    diffs.push_back("this agent was started with --no-skip-data but the job master skips the bad steps' data; "
+                    "start the agent without it or the master with it");
   }
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(diffs, "; also "));
@@ -315,6 +337,8 @@ v1::Decision JobMaster::MakeStartRound(const MemberAssignment& m, const World& w
   s->set_restart_count(restart_count_);
   s->set_max_restarts(options_.max_restarts);
   s->set_run_id(options_.job_id);
+  s->set_rollback_below(rollback_below_);
+  s->set_skip_data(skip_data_);
   if (!options_.send_round_members) return d;
   auto add = [&](const MemberAssignment& other) {
     v1::RoundMember* rm = s->add_members();
@@ -800,6 +824,33 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   goodput_.Failure(now);
   spdlog::warn("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
                verdict.message);
+  const bool rollback = verdict.action == FailureAction::kRollback;
+  if (rollback) {
+    // The next round drops every step from the bad one on, everywhere, and
+    // its workers skip the bad step's samples.
+    rollback_below_ = std::max<int64_t>(report.health_step(), 1);
+    ckpt_.Rewind(rollback_below_);
+    if (policy_.health().skip_data && !report.health_data().empty()) {
+      if (absl::StatusOr<health::SampleRange> r = health::ParseSampleRange(report.health_data()); r.ok()) {
+        skip_data_ = health::AddSampleRange(skip_data_, *r);
+      } else {
+        spdlog::warn("job={} node={} bad loss report with unusable sample range: {}", options_.job_id,
+                     report.node_id(), std::string(r.status().message()));
+      }
+    }
+    spdlog::warn("job={} rollback: every checkpoint step from {} on is dropped everywhere{}", options_.job_id,
+                 rollback_below_,
+                 policy_.health().skip_data && !report.health_data().empty()
+                     ? absl::StrCat("; samples ", report.health_data(), " are skipped")
+                     : (policy_.health().skip_data ? "; the bad step's samples are unknown (no ElasticSampler)"
+                                                   : "; the bad step's samples are trained again (--no-skip-data)"));
+    events_.Append("rollback", report.round(), report.node_id(),
+                   absl::StrCat("rank ", report.global_rank(), ": ", last_failure_.cause(),
+                                "; every rank restarts from the newest checkpoint before step ", rollback_below_,
+                                policy_.health().skip_data && !report.health_data().empty()
+                                    ? absl::StrCat(", samples ", report.health_data(), " skipped")
+                                    : ""));
+  }
   // Same membership, unless waiting nodes make a bigger valid world.
   std::vector<NodeId> members;
   for (const auto& m : world_.members) {
@@ -811,10 +862,14 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   } else {
     world = rdzv_.FormFrom(members);
   }
-  rec.set_action(world.has_value() ? "restart" : "wait for nodes");
+  rec.set_action(world.has_value() ? (rollback ? "rollback" : "restart") : "wait for nodes");
   AddFailure(std::move(rec));
   if (world.has_value()) {
     StartRound(*world, /*is_restart=*/true, verdict.message);
+    if (rollback) {
+      rollback_round_ = round_;
+      rolled_back_below_ = rollback_below_;
+    }
   } else {
     // Only when members whose workers had finished were lost since: too few
     // are left to restart the round.
@@ -888,6 +943,11 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
     rec->first_step_known = report.first_step_known();
     rec->first_step = report.first_step();
     rec->first_step_at = now - std::max(0.0, report.first_step_age_s());
+    // Training resumed after a rollback: later rounds keep the new steps.
+    if (rollback_below_ != 0 && report.first_step_known() && round_ >= rollback_round_) {
+      rollback_below_ = 0;
+      RecordRound();
+    }
     // Folded into the world's step at the next tick or state change: a
     // report costs O(1), not a pass over every member (10,000 nodes report
     // each second).
@@ -904,6 +964,17 @@ absl::StatusOr<v1::ShardDurableResponse> JobMaster::ReportShardDurable(
                                                    " is outside world size ", report.world_size()));
   }
   JobLock lock(&mu_);
+  if (report.round() < rollback_round_.value() && report.step() >= rolled_back_below_) {
+    // Written before a rollback dropped it (a persist finishing late): the
+    // agents deleted it or will; it must not become `latest`.
+    spdlog::info("job={} node={} rank={} checkpoint step {} of round {} dropped: a rollback in round {} discarded "
+                 "steps from {} on",
+                 options_.job_id, report.node_id(), report.rank(), report.step(), report.round(),
+                 rollback_round_.value(), rolled_back_below_);
+    v1::ShardDurableResponse response;
+    response.set_commit(false);
+    return response;
+  }
   const CkptCommitTracker::Result r = ckpt_.Report(report.dir(), report.step(), report.rank(), report.world_size());
   v1::ShardDurableResponse response;
   response.set_commit(r.commit);

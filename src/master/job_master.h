@@ -56,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ballast/v1/master.pb.h"
+#include "health/health_policy.h"
 #include "master/ckpt_commit_tracker.h"
 #include "master/decision_outbox.h"
 #include "master/event_log.h"
@@ -110,6 +111,8 @@ struct JobMasterOptions {
   // JobSpec.precheck (ballast run --network-check).
   bool precheck = false;
   bool exclude_stragglers = false;  // exclude stragglers too, not just report them
+  // What a bad loss (ballast.step(step, loss=)) does: health/health_policy.h.
+  health::HealthPolicy health;
   PrecheckOptions precheck_options = PrecheckOptions::FromEnv();
   ClockInterface* clock = nullptr;  // required; borrowed
   // Called (outside the lock) when a node dies or leaves while the job runs.
@@ -419,6 +422,14 @@ class JobMaster {
   KvStore kv_ ABSL_GUARDED_BY(mu_);  // its waiters' answers run after the lock is released
   DecisionOutboxes outboxes_ ABSL_GUARDED_BY(mu_);  // each node's decisions and Watch stream
   CkptCommitTracker ckpt_ ABSL_GUARDED_BY(mu_);  // flash checkpoint commits
+  // Training health (health_policy.h): the steps a rollback drops (0: none),
+  // sent with every StartRound until a round after the rollback made its
+  // first step (a round superseded before that drops them again: harmless),
+  // and the samples every round skips.
+  int64_t rollback_below_ ABSL_GUARDED_BY(mu_) = 0;
+  Round rollback_round_ ABSL_GUARDED_BY(mu_);    // the last rollback's round
+  int64_t rolled_back_below_ ABSL_GUARDED_BY(mu_) = 0;  // ... and the steps it dropped
+  std::string skip_data_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Pre-flight check state.
   struct Precheck {

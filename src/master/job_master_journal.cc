@@ -77,6 +77,8 @@ void JobMaster::RecordRound() {
   *jr->mutable_last_failure() = last_failure_;
   jr->set_below_min(below_min_since_.has_value());
   jr->set_below_min_context(below_min_context_);
+  jr->set_rollback_below(rollback_below_);
+  jr->set_skip_data(skip_data_);
   Record(std::move(r), /*sync=*/true);
 }
 
@@ -161,6 +163,12 @@ void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
   last_failure_ = jr.last_failure();
   if (jr.below_min()) below_min_since_ = now;  // the wait for nodes starts again
   below_min_context_ = jr.below_min_context();
+  rollback_below_ = jr.rollback_below();
+  if (rollback_below_ != 0) {
+    rollback_round_ = round_;
+    rolled_back_below_ = rollback_below_;
+  }
+  skip_data_ = jr.skip_data();
   policy_.Restore(jr.decided_round(), {jr.restarts_by_kind().begin(), jr.restarts_by_kind().end()});
   world_ = World{};
   world_.world_size = jr.world_size();

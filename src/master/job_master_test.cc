@@ -1,5 +1,7 @@
 #include "master/job_master.h"
 
+#include <cmath>
+
 #include <map>
 #include <memory>
 #include <set>
@@ -1166,6 +1168,66 @@ TEST_F(JobMasterTest, EachFailureIsRecordedWithDetectionResumeAndStepsLost) {
   for (const auto& e : jm_->events().After(0, 0)) kinds.push_back(e.kind());
   EXPECT_THAT(kinds, ::testing::ElementsAre("node_joined", "node_joined", "node_joined", "round", "failure", "round",
                                             "node_lost", "round"));
+}
+
+
+TEST_F(JobMasterTest, BadLossRollsEveryNodeBackDroppingStepsAndSkippingItsSamplesOnce) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  const std::string dir = "/ckpt";
+  for (int step : {3, 4, 5}) {
+    ASSERT_TRUE(jm_->ReportShardDurable(Shard(dir, step, 0, 2)).ok());
+    ASSERT_TRUE(jm_->ReportShardDurable(Shard(dir, step, 1, 2)).ok());
+  }
+  v1::FailureReport r;
+  r.set_node_id("b");
+  r.set_round(1);
+  r.set_global_rank(1);
+  r.set_kind("nan");
+  r.set_cause("non-finite loss (nan) at step 5");
+  r.set_health_step(5);
+  r.set_health_value(std::nan(""));
+  r.set_health_data("0:40:48");
+  r.set_max_retries(-1);
+  ASSERT_TRUE(jm_->ReportFailure(r).ok());
+  for (const char* id : {"a", "b"}) {
+    v1::Decision d = Last(id);
+    ASSERT_TRUE(d.has_start_round()) << id;
+    EXPECT_EQ(d.start_round().round(), 2);
+    EXPECT_EQ(d.start_round().rollback_below(), 5) << id;
+    EXPECT_EQ(d.start_round().skip_data(), "0:40:48") << id;
+  }
+  v1::JobStatus st = jm_->Status();
+  ASSERT_GE(st.failures_size(), 1);
+  EXPECT_EQ(st.failures(st.failures_size() - 1).action(), "rollback");
+  EXPECT_EQ(st.failures(st.failures_size() - 1).kind(), "nan");
+  // A persist of the dropped step that finishes late is not committed...
+  v1::ShardDurableReport late = Shard(dir, 5, 0, 2);
+  late.set_round(1);
+  auto resp = jm_->ReportShardDurable(late);
+  ASSERT_TRUE(resp.ok());
+  EXPECT_FALSE(resp->commit());
+  // ... the re-trained step 5 of round 2 is.
+  v1::ShardDurableReport again0 = Shard(dir, 5, 0, 2), again1 = Shard(dir, 5, 1, 2);
+  again0.set_round(2);
+  again1.set_round(2);
+  ASSERT_TRUE(jm_->ReportShardDurable(again0).ok());
+  auto committed = jm_->ReportShardDurable(again1);
+  ASSERT_TRUE(committed.ok());
+  EXPECT_TRUE(committed->commit());
+  // Once round 2 trained, a crash restart drops nothing; the samples stay skipped.
+  v1::ProgressReport p = Progress("a", 2, 6);
+  p.set_first_step_known(true);
+  p.set_first_step(4);
+  ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  ASSERT_TRUE(Fail("a", 2).ok());
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().rollback_below(), 0);
+  EXPECT_EQ(d.start_round().skip_data(), "0:40:48");
 }
 
 }  // namespace

@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
     return absl::InvalidArgumentError(
         absl::StrCat("--port must be between 0 (pick a free one) and 65535, got ", options.port));
   }
+  RETURN_IF_ERROR(health::Validate(options.health));
   const Tunables& tunables = Tunables::Get();
   JobMasterOptions jo;
   jo.job_id = options.job_id.empty() ? absl::StrCat("ballast-", RandomHex(6)) : options.job_id;
@@ -87,6 +88,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   jo.straggler_factor = tunables.straggler_factor;
   jo.precheck = options.precheck;
   jo.exclude_stragglers = options.exclude_stragglers;
+  jo.health = options.health;
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
   jo.on_node_excluded = options.on_node_excluded;

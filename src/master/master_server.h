@@ -17,6 +17,7 @@
 #include "ballast/v1/master.pb.h"
 #include "common/clock.h"
 #include "common/tls.h"
+#include "health/health_policy.h"
 
 namespace ballast::master {
 
@@ -56,6 +57,8 @@ struct MasterOptions {
   // just reported, with exclude_stragglers.
   bool precheck = false;
   bool exclude_stragglers = false;
+  // What a bad loss reported with ballast.step(step, loss=) does (health/health_policy.h).
+  health::HealthPolicy health;
   ClockInterface* clock = nullptr;  // nullptr: SteadyClock
   // Called (outside the master's lock) when a node dies or leaves, with its id
   // and the reason. The scheduler seam hooks in here.

@@ -77,6 +77,16 @@ std::string PrometheusText(const MetricsInput& in) {
   if (in.restarts != nullptr) {
     for (const auto& [cause, n] : *in.restarts) w.Sample("ballast_restarts_total", n, Label("cause", cause));
   }
+  w.Family("ballast_rollbacks_total", "counter",
+           "Rollbacks after bad losses (ballast.step(step, loss=)): NaN/Inf (reason=\"nan\") and spikes "
+           "(reason=\"loss-spike\"); they are also in ballast_restarts_total.");
+  for (const char* reason : {"nan", "loss-spike"}) {
+    int n = 0;
+    if (in.restarts != nullptr) {
+      if (auto it = in.restarts->find(reason); it != in.restarts->end()) n = it->second;
+    }
+    w.Sample("ballast_rollbacks_total", n, Label("reason", reason));
+  }
   w.Family("ballast_failures_total", "counter", "Failures the master decided on (survived or not).");
   w.Sample("ballast_failures_total", st.failures_total());
   std::map<std::string, int> states;

@@ -264,5 +264,53 @@ class PrefetchingLoader(TestCase):
         self.assertEqual(len(DataLoader(ds, batch_size=batch, sampler=r)), -(-((n - 24) // 2) // batch))
 
 
+class SkipAfterRollback(TestCase):
+    """BALLAST_SKIP_DATA (set by the agent after a rollback): the bad steps'
+    sample positions are never handed out again, on any world size."""
+
+    def test_skipped_positions_are_left_out_and_the_rest_covered_once(self):
+        n, batch = 96, 2
+        with mock.patch.dict(os.environ, {"BALLAST_SKIP_DATA": "0:16:24,1:0:8,0:40:44"}):
+            for w in (1, 2, 4):
+                samplers = world(n, w, seed=3)
+                order = samplers[0].permutation(0)
+                trained = run_steps(samplers, batch)
+                want = sorted(order[i] for i in range(n) if not (16 <= i < 24 or 40 <= i < 44))
+                self.assertEqual(sorted(i for _, i in trained), want, f"world {w}")
+                self.assertTrue(samplers[0].epoch_done)
+                for s in samplers:
+                    s.set_epoch(1)
+                trained = run_steps(samplers, batch)
+                order = samplers[0].permutation(1)
+                self.assertEqual(sorted(i for _, i in trained), sorted(order[8:]), f"world {w}, epoch 1")
+
+    def test_a_resume_right_before_the_bad_batch_jumps_over_it(self):
+        with mock.patch.dict(os.environ, {"BALLAST_SKIP_DATA": "0:8:12"}):
+            samplers = world(32, 2, seed=5)
+        for s in samplers:
+            s.load_state_dict({"epoch": 0, "position": 8, "seed": 5, "shuffle": True, "dataset_size": 32})
+        order = samplers[0].permutation()
+        self.assertEqual(list(samplers[0])[:2], [order[12], order[14]])
+        for s in samplers:
+            s.advance(2)
+        self.assertEqual(samplers[0].position, 16)
+
+    def test_the_bad_batch_is_what_the_step_being_reported_trained(self):
+        s = ballast.ElasticSampler(Sized(64), num_replicas=2, rank=0)
+        for _ in range(3):
+            s.advance(4)
+            ballast.step(1)
+        s.advance(4)  # step 4 trained positions 24..32, then reports
+        self.assertEqual(s._bad_range(), (0, 24, 32))
+        ballast.step(4)
+        # Reported before its advance(): the batch about to be recorded.
+        self.assertEqual(s._bad_range(), (0, 32, 40))
+
+    def test_a_malformed_variable_is_refused(self):
+        with mock.patch.dict(os.environ, {"BALLAST_SKIP_DATA": "0:9:3"}):
+            with self.assertRaisesRegex(ValueError, "BALLAST_SKIP_DATA"):
+                ballast.ElasticSampler(Sized(10), num_replicas=1, rank=0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -113,6 +113,7 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
               {"spares", &j.spares, 0, 0, 100000},
               {"maxRestarts", &j.max_restarts, 3, 0, 1000000},
               {"maxReplacements", &j.max_replacements, 3, 0, 1000000},
+              {"maxRollbacks", &j.health.max_rollbacks, 3, 0, 1000000},
               {"pendingTimeoutSeconds", &j.pending_timeout_s, 120, 1, 86400 * 30}};
   for (const IntSpec& f : ints) {
     auto v = IntField(spec, f.key, f.def, f.min, f.max);
@@ -137,6 +138,22 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
   if (auto it = spec.find("hangTimeoutSeconds"); it != spec.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() < 0) return Invalid("hangTimeoutSeconds", "must be a number >= 0");
     j.hang_timeout_s = it->get<double>();
+  }
+  if (auto it = spec.find("lossSpike"); it != spec.end() && !it->is_null()) {
+    if (!it->is_number()) return Invalid("lossSpike", "must be a number: a z-score >= 1, or 0 for off");
+    j.health.loss_spike_z = it->get<double>();
+  }
+  if (const std::string on_nan = StrField(spec, "onNan"); !on_nan.empty()) {
+    absl::StatusOr<health::OnNan> mode = health::ParseOnNan(on_nan);
+    if (!mode.ok()) return Invalid("onNan", "must be rollback, fail or ignore");
+    j.health.on_nan = *mode;
+  }
+  if (auto it = spec.find("skipData"); it != spec.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Invalid("skipData", "must be true or false");
+    j.health.skip_data = it->get<bool>();
+  }
+  if (absl::Status s = health::Validate(j.health); !s.ok()) {
+    return Invalid(j.health.loss_spike_z != 0 ? "lossSpike" : "maxRollbacks", std::string(s.message()));
   }
   j.checkpoint_dir = StrField(spec, "checkpointDir");
   j.warm_modules = StrField(spec, "warmModules");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "health/health_policy.h"
 #include "kube/kube_client.h"
 
 namespace ballast::scheduler::kubernetes {
@@ -46,6 +47,8 @@ struct ElasticJobSpec {
   bool network_check = false;
   bool exclude_stragglers = false;
   double hang_timeout_s = 0;
+  // spec.onNan, maxRollbacks, lossSpike, skipData (health/health_policy.h).
+  health::HealthPolicy health;
   std::string warm_modules;  // spec.warmModules: --warm-modules of the agents
   std::string checkpoint_dir;
   int pending_timeout_s = 120;

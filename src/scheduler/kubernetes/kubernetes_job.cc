@@ -246,6 +246,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   mo.max_restarts = job->max_restarts;
   mo.precheck = job->network_check;
   mo.exclude_stragglers = job->exclude_stragglers;
+  mo.health = job->health;
   std::atomic<NodeManager*> manager{nullptr};
   NodeCallbacks forward = ForwardTo(&manager);
   mo.on_node_lost = forward.lost;

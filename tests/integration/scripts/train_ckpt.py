@@ -25,7 +25,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ballast
-import node_loss  # beside this script
+import ddp_exact  # beside this script
+import node_loss
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -69,30 +70,7 @@ model = torch.nn.Sequential(
     torch.nn.Linear(512, 512, bias=False), torch.nn.Tanh(), torch.nn.Linear(512, 512, bias=False))
 ddp = DDP(model)
 
-
-def per_parameter_allreduce(state, bucket):
-    """DDP comm hook: allreduce each parameter's slice of the bucket on its own.
-
-    gloo's ring allreduce adds an element's four contributions in an order that
-    depends on where the element sits in the reduced buffer, and DDP lays out
-    its buckets differently in a fresh process (first iteration, then rebuilt
-    by gradient ready order) than in a long-running one. Reducing parameter by
-    parameter makes every element's order independent of the bucket layout, so
-    a restarted world computes bit for bit what an uninterrupted one does.
-    """
-    buf = bucket.buffer()
-    offset = 0
-    for prm in bucket.parameters():
-        n = prm.numel()
-        dist.all_reduce(buf[offset:offset + n])
-        offset += n
-    buf.div_(world)
-    fut = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
-
-
-ddp.register_comm_hook(None, per_parameter_allreduce)
+ddp.register_comm_hook(None, ddp_exact.per_parameter_allreduce)  # bitwise across restarts
 params = list(model.parameters())
 opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
 

@@ -1,0 +1,106 @@
+"""Training health under `ballast launch`: a bad loss reported with
+ballast.step(step, loss=) rolls the whole job back instead of poisoning it.
+
+2 nodes x 2 workers of DDP (gloo), flash checkpoints every step with peer
+replicas (the default) and every third step persisted, an ElasticSampler
+(tests/integration/scripts/health_train.py). In the first attempt one rank's
+batch at step 6 is NaN (a real NaN: after the allreduce every rank's weights
+are NaN, and step 6 is saved in memory, replicated and persisted), or scaled
+x1000 at step 12 (a loss spike with --loss-spike; spikes need 10 steps of history). The job must roll back to step 5,
+skip step 6's samples, and end with exactly the weights of a job that never
+saw them (a run with BALLAST_SKIP_DATA set from the start): no NaN, nothing
+of the bad step left in memory or on disk. --on-nan fail and --max-rollbacks 0
+fail the job with a message naming the rank, node and step; a chaos drill
+(--chaos nan:...) is rolled back the same way.
+"""
+
+import json
+import os
+import re
+import subprocess
+import unittest
+
+from _util import TestCase, ballast_bin
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = ballast_bin()
+PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
+SCRIPT = os.path.join(HERE, "../integration/scripts/health_train.py")
+GLOBAL_BATCH = 4 * 4  # --batch 4 on each of 4 ranks
+
+
+class TrainingHealth(TestCase):
+    def launch(self, name, *flags, script_args=(), env=None):
+        out = os.path.join(self.tmp, name)
+        os.makedirs(out)
+        argv = [BIN, "launch", "--python", PYTHON, "--nodes", "2", "--nproc-per-node", "2", *flags,
+                SCRIPT, "--out", out, *script_args]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=240,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+        log = p.stdout + p.stderr
+        events = []
+        if os.path.exists(os.path.join(out, "events.jsonl")):
+            with open(os.path.join(out, "events.jsonl")) as f:
+                events = [json.loads(line) for line in f if line.strip()]
+        return p.returncode, log, events, out
+
+    def reference(self, skip):
+        """The same job, no fault, the bad step's samples skipped from the start."""
+        rc, log, events, _ = self.launch("reference", env={"BALLAST_SKIP_DATA": skip})
+        self.assertEqual(rc, 0, log[-6000:])
+        return events[-1]
+
+    def check_rolled_back(self, rc, log, events, out, bad_step, what):
+        self.assertEqual(rc, 0, log[-8000:])
+        self.assertIn(what, log)
+        self.assertIn("rolling back (rollback 1 of 3) to the newest checkpoint before step %d" % bad_step, log)
+        skip = "0:%d:%d" % ((bad_step - 1) * GLOBAL_BATCH, bad_step * GLOBAL_BATCH)
+        self.assertRegex(log, r"samples %s are skipped" % re.escape(skip))
+        starts = [e for e in events if e["ev"] == "start"]
+        self.assertEqual(len(starts), 2, starts)
+        # The rollback round resumed from the step before the bad one, in memory.
+        self.assertEqual((starts[1]["step"], starts[1]["source"], starts[1]["skip"]), (bad_step - 1, "memory", skip))
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"], done["finite"]), ("done", 14, True), done)
+        # Nothing of the bad history is left: the persisted step 6 was deleted
+        # and re-written by the new history (every third step persists).
+        self.assertEqual(done["latest"], 12)
+        return skip, done
+
+    def test_a_nan_rolls_every_rank_back_and_skips_the_bad_batch(self):
+        rc, log, events, out = self.launch("nan", script_args=["--nan-step", "6", "--bad-rank", "1"])
+        skip, done = self.check_rolled_back(rc, log, events, out, 6, "non-finite loss (nan) at step 6")
+        self.assertRegex(log, r"worker rank 1 \(local rank 1\) on node \S+ \(host [^)]+\)")
+        self.assertIn("1 failure (1 nan)", log)
+        self.assertEqual(done["sha256"], self.reference(skip)["sha256"],
+                         "the rolled-back job must end with the weights of one that never trained the bad batch")
+
+    def test_a_loss_spike_rolls_back_with_loss_spike_on(self):
+        rc, log, events, out = self.launch("spike", "--loss-spike", "8",
+                                           script_args=["--spike-step", "12", "--bad-rank", "2"])
+        skip, done = self.check_rolled_back(rc, log, events, out, 12, "loss spike at step 12")
+        self.assertEqual(done["sha256"], self.reference(skip)["sha256"])
+
+    def test_on_nan_fail_and_used_up_rollbacks_fail_naming_rank_node_and_step(self):
+        rc, log, _, _ = self.launch("fail", "--on-nan", "fail", script_args=["--nan-step", "4", "--bad-rank", "3"])
+        self.assertNotEqual(rc, 0, log[-4000:])
+        self.assertIn("job failed: bad loss (--on-nan fail): worker rank 3 (local rank 1) on node", log)
+        self.assertIn("non-finite loss (nan) at step 4", log)
+        # A chaos drill with no rollbacks allowed: the same report, another limit.
+        rc, log, _, _ = self.launch("drill", "--max-rollbacks", "0", "--chaos", "nan:rank=2,at_step=3")
+        self.assertNotEqual(rc, 0, log[-4000:])
+        self.assertIn("ballast chaos: nan: rank 2 reports a NaN loss at step 3", log)
+        self.assertIn("job failed: bad loss after 0 of 0 rollbacks: worker rank 2 (local rank 0)", log)
+
+    def test_bad_flags_get_a_clear_error(self):
+        for flags, want in ((["--on-nan", "retry"], "--on-nan must be rollback, fail or ignore"),
+                            (["--loss-spike", "0.5"], "--loss-spike must be a z-score >= 1"),
+                            (["--max-rollbacks", "-1"], "--max-rollbacks must be >= 0")):
+            p = subprocess.run([BIN, "launch", "--nodes", "1", *flags, SCRIPT], capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(want, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
