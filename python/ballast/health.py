@@ -26,16 +26,36 @@ values, a few microseconds a step. ``float()`` of a CUDA tensor waits for
 the GPU: pass the ``loss.item()`` you log anyway, or report the loss every
 few steps.
 
-Chaos drill (``--chaos "nan:rank=R,at_step=S"``): rank R reports a NaN loss
-at step S, in the job's first attempt (``restart=K``: the attempt with
-TORCHELASTIC_RESTART_COUNT K).
+Silent data corruption: ``ballast.step(step, model=model)`` fingerprints the
+rank's parameters (its local shards under FSDP) every
+``--replica-check-every N`` steps (default 100): the sum of their raw bits as
+64-bit words, mixed over the parameters in order (a flipped bit always
+changes it), and a group key (the parameters' names and local shapes, and for
+a DTensor its coordinate on the sharded mesh dimensions): ranks with the same
+key must hold the same values (DDP: all ranks; HSDP: each replica group).
+The agent sends them to the master, which compares each group: a rank that
+disagrees with the majority is blamed, its node excluded and replaced, and
+the job rolls back to the newest step at which all fingerprints agreed. Two
+replicas that disagree cannot tell which is wrong: the job recomputes from
+that step, and fails naming both nodes if they disagree again. One pass over
+the parameters (a sum on the device), every N steps.
+
+Chaos drills (``--chaos``), in the job's first attempt (``restart=K``: the
+attempt with TORCHELASTIC_RESTART_COUNT K) on the first agent of the rank's
+node (``incarnation=K``, as for node faults):
+``nan:rank=R,at_step=S`` rank R reports a NaN loss at step S;
+``bitflip:rank=R,at_step=S`` rank R flips one bit of its first parameter at
+step S (needs ``model=``): a silent divergence only the fingerprints see.
 """
 
 import collections
+import hashlib
 import math
 import os
 import sys
 import time
+
+import torch
 
 from ballast import _ballast as _C
 from ballast import sampler as _sampler
@@ -59,22 +79,27 @@ class BadLossError(RuntimeError):
     """
 
 
-def _chaos_nan_steps():
-    """Steps at which this rank's loss is replaced by NaN (BALLAST_CHAOS nan faults)."""
+def _chaos_steps(kind):
+    """Steps at which a worker fault of `kind` hits this rank (BALLAST_CHAOS)."""
     spec = os.environ.get("BALLAST_CHAOS", "")
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # The agent's incarnation (ballast launch numbers a node rank's agents):
+    # a replacement node's workers start a new count of attempts.
+    incarnation = int(os.environ.get("BALLAST_CHAOS_INCARNATION", "1") or 1)
     steps = set()
     for fault in spec.split(";"):
-        kind, _, args = fault.strip().partition(":")
-        if kind.strip() != "nan":
+        name, _, args = fault.strip().partition(":")
+        if name.strip() != kind:
             continue
         kv = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
         try:
-            if int(kv["rank"]) == rank and int(kv.get("restart", 0)) == attempt:
+            if (int(kv["rank"]) == rank and int(kv.get("restart", 0)) == attempt
+                    and int(kv.get("incarnation", 1)) == incarnation):
                 steps.add(int(kv["at_step"]))
         except (KeyError, ValueError):
-            raise ValueError(f"BALLAST_CHAOS: bad nan fault {fault!r}: nan:rank=R,at_step=S[,restart=K]") from None
+            raise ValueError(f"BALLAST_CHAOS: bad {kind} fault {fault!r}: "
+                             f"{kind}:rank=R,at_step=S[,restart=K]") from None
     return steps
 
 
@@ -86,7 +111,9 @@ class _Watch:
         z = os.environ.get("BALLAST_LOSS_SPIKE", "")
         self.spike_z = float(z) if z else 0.0
         self.recent = collections.deque(maxlen=WINDOW)
-        self.chaos = _chaos_nan_steps()
+        self.chaos = _chaos_steps("nan")
+        self.bitflips = _chaos_steps("bitflip")
+        self.check_every = int(os.environ.get("BALLAST_REPLICA_CHECK_EVERY", "100") or 0)
         self.under_agent = bool(os.environ.get("BALLAST_PROGRESS_SHM"))
         self.reported = False
 
@@ -146,3 +173,82 @@ def observe(step, loss):
     # agent stops this worker.
     while True:
         time.sleep(3600)
+
+
+def _tensors(model):
+    if hasattr(model, "named_parameters"):
+        return list(model.named_parameters())
+    if isinstance(model, dict):
+        return [(k, v) for k, v in model.items() if isinstance(v, torch.Tensor)]
+    raise TypeError(f"ballast.step(model=...) takes an nn.Module or a dict of tensors, not {type(model).__name__}")
+
+
+def _local(t):
+    """(the rank's local tensor, the part of the group key a DTensor adds)."""
+    to_local = getattr(t, "to_local", None)
+    placements = getattr(t, "placements", None)
+    if to_local is None or placements is None:
+        return t, ""
+    coord = t.device_mesh.get_coordinate() or []
+    sharded = [f"{d}:{coord[d]}" for d, p in enumerate(placements) if p.is_shard() and d < len(coord)]
+    return to_local(), ",".join(sharded)
+
+
+def _word_sum(t):
+    """The sum of t's raw bits as 64-bit (else 32, 16, 8-bit) words, mod 2**64."""
+    b = t.detach().contiguous().reshape(-1)
+    raw = b.view(torch.uint8)
+    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if raw.numel() % width == 0:
+            try:
+                return int(raw.view(dtype).sum(dtype=torch.int64)) & 0xFFFFFFFFFFFFFFFF
+            except RuntimeError:  # a view the storage offset does not allow
+                continue
+    return int(raw.sum(dtype=torch.int64)) & 0xFFFFFFFFFFFFFFFF
+
+
+def fingerprint(model):
+    """(value, group) of this rank's parameters; see the module doc.
+
+    Example::
+
+        value, group = ballast.health.fingerprint(model)
+    """
+    value = 0
+    key = hashlib.blake2b(digest_size=8)
+    with torch.no_grad():
+        for name, t in _tensors(model):
+            local, coord = _local(t)
+            key.update(f"{name}{tuple(local.shape)}{coord};".encode())
+            if local.numel():
+                value = (value * 1000003 + _word_sum(local)) & 0xFFFFFFFFFFFFFFFF
+    return value, int.from_bytes(key.digest(), "little")
+
+
+def _flip_a_bit(model):
+    for name, t in _tensors(model):
+        local, _ = _local(t)
+        if local.numel() and local.is_floating_point():
+            with torch.no_grad():
+                first = local.reshape(-1)[:1]
+                byte = first.view(torch.uint8)[min(1, first.element_size() - 1):][:1]
+                byte.bitwise_xor_(0x10)
+            return name
+    return None
+
+
+def observe_model(step, model):
+    """ballast.step's parameter check (see the module doc)."""
+    global _watch
+    if _watch is None:
+        _watch = _Watch()
+    w = _watch
+    if w.bitflips and step in w.bitflips:
+        w.bitflips.discard(step)
+        name = _flip_a_bit(model)
+        print(f"ballast chaos: bitflip: rank {os.environ.get('RANK', '0')} flipped a bit of {name} at step {step}",
+              file=sys.stderr, flush=True)
+    if not w.under_agent or w.check_every <= 0 or step % w.check_every:
+        return
+    value, group = fingerprint(model)
+    _C.progress_fingerprint(step, value, group)

@@ -33,13 +33,17 @@ _record = _C.step
 _live = _sampler._live
 
 
-def step(n, loss=None):
+def step(n, loss=None, model=None):
     """Tells the agent this worker reached training step ``n``; with ``loss``
     (a float or a 0-d tensor) also watches it: a NaN/Inf loss (or, with
     ``--loss-spike``, a spike) rolls the job back to the newest checkpoint
-    before step n (see ballast.health).
+    before step n. With ``model`` (the nn.Module, or a dict of tensors) every
+    ``--replica-check-every`` steps its parameters' fingerprint goes to the
+    master, which finds a rank whose replica diverged (silent data
+    corruption). See ballast.health.
 
-    Two stores into shared memory without ``loss``; a few microseconds with it.
+    Two stores into shared memory without ``loss``; a few microseconds with it;
+    with ``model``, one pass over the parameters every N steps.
 
     Example::
 
@@ -47,10 +51,12 @@ def step(n, loss=None):
             loss = train_one_batch()
             sampler.advance(batch_size)
             ckpt.save(step, state)
-            ballast.step(step, loss=loss.item())
+            ballast.step(step, loss=loss.item(), model=model)
     """
     if loss is not None:
         _health.observe(n, loss)
+    if model is not None:
+        _health.observe_model(n, model)
     if _live:
         _sampler.note_report()
     _record(n)

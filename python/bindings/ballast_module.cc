@@ -922,6 +922,14 @@ PYBIND11_MODULE(_ballast, m) {
   }, py::arg("kind"), py::arg("step"), py::arg("value"), py::arg("median"), py::arg("z"), py::arg("epoch"),
      py::arg("begin"), py::arg("end"),
      "Records a bad loss in the progress cell (ballast.health); True when an agent reads the cell.");
+  m.def("progress_fingerprint", [](uint64_t step, uint64_t value, uint64_t group) {
+    ballast::ProgressCell* c = Cell();
+    c->fp_step.store(0, std::memory_order_release);  // a reader that sees 0 before and after skips it
+    c->fp_value.store(value, std::memory_order_relaxed);
+    c->fp_group.store(group, std::memory_order_relaxed);
+    c->fp_step.store(step, std::memory_order_release);
+  }, py::arg("step"), py::arg("value"), py::arg("group"),
+     "Publishes a parameter fingerprint in the progress cell (ballast.health); the agent sends it to the master.");
   m.def("progress_state", [] {
     ballast::ProgressCell* c = Cell();
     return py::dict(py::arg("step") = c->step.load(), py::arg("timestamp_ns") = c->timestamp_ns.load(),

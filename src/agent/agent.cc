@@ -106,6 +106,7 @@ v1::JobSpec JoinSpec(const RunOptions& o) {
   if (o.max_rollbacks.has_value()) spec.set_max_rollbacks(*o.max_rollbacks);
   if (o.loss_spike_z > 0) spec.set_loss_spike_z(o.loss_spike_z);
   if (o.no_skip_data) spec.set_no_skip_data(true);
+  if (o.replica_check_every.has_value()) spec.set_replica_check_every(*o.replica_check_every);
   return spec;
 }
 
@@ -393,6 +394,8 @@ int Agent::Run() {
   if (joined->spec().loss_spike_z() > 0) {
     health_env_[health::kLossSpikeEnv] = absl::StrCat(joined->spec().loss_spike_z());
   }
+  health_env_[health::kReplicaCheckEveryEnv] = absl::StrCat(
+      joined->spec().has_replica_check_every() ? joined->spec().replica_check_every() : 100);
   // The check servers and the warm interpreters import torch while the
   // rendezvous completes.
   if (options_.run.precheck) precheck_->Warm();
@@ -594,6 +597,7 @@ void Agent::StartRound(const v1::StartRound& start) {
   if (!start.skip_data().empty()) rs.env[health::kSkipDataEnv] = start.skip_data();
   // No worker runs now: the cells start clean, and the first-step grace counts from here.
   if (progress_ != nullptr) progress_->Reset();
+  fp_sent_.assign(static_cast<size_t>(nproc), 0);
   round_started_ns_ = MonotonicNowNs();
   if (chaos_kill_after_s_ >= 0 && chaos_kill_at_ns_ == 0) {
     chaos_kill_at_ns_ = round_started_ns_ + static_cast<uint64_t>(chaos_kill_after_s_ * 1e9);
@@ -788,6 +792,22 @@ void Agent::CheckHealth() {
   }
 }
 
+std::vector<v1::Fingerprint> Agent::NewFingerprints() {
+  std::vector<v1::Fingerprint> out;
+  if (progress_ == nullptr) return out;
+  for (int lr = 0; lr < progress_->num_cells() && lr < static_cast<int>(fp_sent_.size()); ++lr) {
+    std::optional<FingerprintRecord> f = progress_->ReadFingerprint(lr);
+    if (!f.has_value() || f->step <= fp_sent_[lr]) continue;
+    fp_sent_[lr] = f->step;
+    v1::Fingerprint& p = out.emplace_back();
+    p.set_rank(round_start_.rank_offset() + lr);
+    p.set_step(static_cast<int64_t>(f->step));
+    p.set_value(f->value);
+    p.set_group(f->group);
+  }
+  return out;
+}
+
 void Agent::RewindCheckpoints(uint64_t below) {
   std::string what = ckpt_ != nullptr ? ckpt_->Rewind(below) : "no checkpoint stores";
   if (replicas_ != nullptr) absl::StrAppend(&what, "; ", replicas_->Rewind(below), " replica step(s) dropped");
@@ -797,7 +817,15 @@ void Agent::RewindCheckpoints(uint64_t below) {
 void Agent::MaybeReportProgress(bool now_please) {
   if (progress_ == nullptr) return;
   const uint64_t now = MonotonicNowNs();
-  if (now < next_progress_report_ns_ && !now_please) return;
+  auto fingerprint_pending = [this] {
+    for (int lr = 0; lr < progress_->num_cells() && lr < static_cast<int>(fp_sent_.size()); ++lr) {
+      std::optional<FingerprintRecord> f = progress_->ReadFingerprint(lr);
+      if (f.has_value() && f->step > fp_sent_[lr]) return true;
+    }
+    return false;
+  };
+  // A new fingerprint goes out at once: the master compares them as they come.
+  if (now < next_progress_report_ns_ && !now_please && !fingerprint_pending()) return;
   next_progress_report_ns_ = now + static_cast<uint64_t>(options_.tunables.progress_report_interval_s * 1e9);
   ProgressSummary sum = progress_->Summarize();
   if (!sum.any_step) return;
@@ -816,6 +844,7 @@ void Agent::MaybeReportProgress(bool now_please) {
     report.set_first_step_age_s(static_cast<double>(now - std::min(now, first_step_.ns)) / 1e9);
   }
   if (last_timeline_.round() > 0) *report.mutable_timeline() = last_timeline_;
+  for (v1::Fingerprint& f : NewFingerprints()) *report.add_fingerprints() = std::move(f);
   // Best effort with a short deadline: the main loop must keep supervising.
   absl::Status s = client_->ReportProgress(report, 0.5);
   if (!s.ok()) spdlog::debug("progress report: {} {}", s.ToString(), Fmt());

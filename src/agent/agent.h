@@ -214,6 +214,11 @@ class Agent {
   // The workers' training-health settings, from the master (BALLAST_ON_NAN,
   // BALLAST_LOSS_SPIKE); they come with each round.
   std::map<std::string, std::string> health_env_;
+  // The newest fingerprint step sent to the master, per local rank (this round).
+  std::vector<uint64_t> fp_sent_;
+  // Fingerprints published since the last report (progress cells), for the
+  // master's silent-data-corruption check.
+  std::vector<v1::Fingerprint> NewFingerprints();
   // The OOM kills counted in this agent's memory cgroup (health/oom.h) when
   // its workers started or a SIGKILLed one was last classified.
   std::optional<int64_t> oom_kills_seen_;

@@ -96,6 +96,7 @@ void ProgressMonitor::Reset() {
     c->ckpt_saves.store(0, std::memory_order_relaxed);
     c->ckpt_stall_ns.store(0, std::memory_order_relaxed);
     c->health_kind.store(0, std::memory_order_relaxed);
+    c->fp_step.store(0, std::memory_order_relaxed);
     c->timestamp_ns.store(0, std::memory_order_release);
   }
   baseline_.assign(num_cells_, CellSnapshot());
@@ -128,6 +129,18 @@ std::optional<HealthRecord> ProgressMonitor::ReadHealth(int i) const {
   h.begin = c->health_begin.load(std::memory_order_relaxed);
   h.end = c->health_end.load(std::memory_order_relaxed);
   return h;
+}
+
+std::optional<FingerprintRecord> ProgressMonitor::ReadFingerprint(int i) const {
+  const ProgressCell* c = ProgressCellAt(base_, i);
+  FingerprintRecord f;
+  f.step = c->fp_step.load(std::memory_order_acquire);
+  if (f.step == 0) return std::nullopt;
+  f.value = c->fp_value.load(std::memory_order_relaxed);
+  f.group = c->fp_group.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (c->fp_step.load(std::memory_order_relaxed) != f.step) return std::nullopt;  // rewritten meanwhile
+  return f;
 }
 
 ProgressSummary ProgressMonitor::Summarize() {

@@ -53,6 +53,13 @@ struct HealthRecord {
   uint64_t epoch = 0, begin = 0, end = 0;  // the bad step's samples; end 0: unknown
 };
 
+// A parameter fingerprint a worker published (ballast.step(step, model=)).
+struct FingerprintRecord {
+  uint64_t step = 0;
+  uint64_t value = 0;
+  uint64_t group = 0;
+};
+
 struct HangVerdict {
   bool hung = false;
   double idle_s = 0;      // seconds without progress (since start when no step yet)
@@ -96,6 +103,9 @@ class ProgressMonitor {
   CellSnapshot Read(int i) const;
   // Cell i's bad loss, if its worker recorded one this round.
   std::optional<HealthRecord> ReadHealth(int i) const;
+  // Cell i's newest fingerprint, if one was published this round and is not
+  // being rewritten right now.
+  std::optional<FingerprintRecord> ReadFingerprint(int i) const;
 
   // Min step and step time since the previous call (or the Reset).
   ProgressSummary Summarize();

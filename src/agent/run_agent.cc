@@ -149,6 +149,7 @@ int RunAgent(const RunOptions& options) {
     mo.health.max_rollbacks = options.max_rollbacks.value_or(mo.health.max_rollbacks);
     mo.health.loss_spike_z = options.loss_spike_z;
     mo.health.skip_data = !options.no_skip_data;
+    mo.health.replica_check_every = options.replica_check_every.value_or(mo.health.replica_check_every);
     auto started = master::MasterServer::Start(mo);
     if (!started.ok()) {
       PrintError(absl::StrCat("cannot start the embedded ballast master on ", bind_host, ":", bind_port, ": ",

@@ -295,6 +295,14 @@ const std::map<std::string, FlagDef>& FlagTable() {
           }
           return absl::OkStatus();
         }}},
+      {"--replica-check-every",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(int n, ParseInt(f, v));
+          if (n < 0) return FlagError(f, "must be >= 0 steps (0: no fingerprint checks)");
+          o->replica_check_every = n;
+          return absl::OkStatus();
+        }}},
       {"--no-skip-data",
        {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->no_skip_data = true; return absl::OkStatus(); }}},
       {"--node-unit",
@@ -484,6 +492,9 @@ Workers:
   --loss-spike Z            also roll back a loss Z robust deviations above the rank's
                             recent median, e.g. 6 [0: off]
   --no-skip-data            after a rollback, train the bad step's samples again
+  --replica-check-every N   every N steps ranks holding the same parameters compare
+                            fingerprints (ballast.step(step, model=)); a rank that
+                            disagrees with the majority is excluded [100; 0: off]
   --hang-timeout S          a worker whose `ballast.step()` progress stops for S seconds
                             is hung: its Python stacks are logged and the workers
                             restart as for a failure [0: off]; see the tunables

@@ -44,6 +44,7 @@ struct RunOptions {
   std::optional<int> max_rollbacks;    // --max-rollbacks K
   double loss_spike_z = 0;             // --loss-spike Z (0: not given)
   bool no_skip_data = false;           // --no-skip-data
+  std::optional<int> replica_check_every;  // --replica-check-every N
   int node_unit = 0;                   // --node-unit; 0 = the master's
   std::string token;                   // --token or BALLAST_TOKEN
   TlsFiles tls;                        // --tls-cert/--tls-key/--tls-ca, else BALLAST_TLS_* (common/tls.h)

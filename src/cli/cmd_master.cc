@@ -165,9 +165,9 @@ int MasterCommand(const Args& args) {
     if (const char* pod = std::getenv("BALLAST_POD_NAME"); pod != nullptr) k8s.pod_name = pod;
     k8s.journal_dir = opts.journal_dir;
     if (app.count("--on-nan") > 0 || app.count("--max-rollbacks") > 0 || app.count("--loss-spike") > 0 ||
-        health.no_skip_data) {
+        app.count("--replica-check-every") > 0 || health.no_skip_data) {
       std::fprintf(stderr, "ballast master: with --kubernetes-job the ElasticJob's spec sets onNan, maxRollbacks, "
-                           "lossSpike and skipData; drop those flags\n");
+                           "lossSpike, skipData and replicaCheckEvery; drop those flags\n");
       return kUsageExit;
     }
     if (!k8s.journal_dir.empty() && !no_supervise && std::getenv(kSupervisedEnv) == nullptr) {

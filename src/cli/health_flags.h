@@ -18,6 +18,7 @@ struct HealthFlags {
   int max_rollbacks = 3;
   double loss_spike_z = 0;
   bool no_skip_data = false;
+  int replica_check_every = 100;
 
   void Add(CLI::App& app) {
     app.add_option("--on-nan,--on_nan", on_nan,
@@ -32,6 +33,11 @@ struct HealthFlags {
                    "above the recent median, e.g. 6 (0: off)");
     app.add_flag("--no-skip-data,--no_skip_data", no_skip_data,
                  "After a rollback, train the bad step's samples again (default: ElasticSampler skips them)");
+    app.add_option("--replica-check-every,--replica_check_every", replica_check_every,
+                   "Every this many steps, ranks that must hold the same parameters compare fingerprints "
+                   "(ballast.step(step, model=)); a rank that disagrees with the majority is excluded and the job "
+                   "rolls back (0: off)")
+        ->capture_default_str();
   }
   // The policy, or kInvalidArgument naming the flag.
   absl::StatusOr<health::HealthPolicy> Get() const {
@@ -42,6 +48,7 @@ struct HealthFlags {
     p.max_rollbacks = max_rollbacks;
     p.loss_spike_z = loss_spike_z;
     p.skip_data = !no_skip_data;
+    p.replica_check_every = replica_check_every;
     if (absl::Status s = health::Validate(p); !s.ok()) return s;
     return p;
   }
@@ -51,6 +58,7 @@ struct HealthFlags {
                                      absl::StrCat(p.max_rollbacks)};
     if (p.loss_spike_z > 0) argv.insert(argv.end(), {"--loss-spike", absl::StrCat(p.loss_spike_z)});
     if (!p.skip_data) argv.push_back("--no-skip-data");
+    argv.insert(argv.end(), {"--replica-check-every", absl::StrCat(p.replica_check_every)});
     return argv;
   }
 };

@@ -41,6 +41,10 @@ const std::vector<KindDef>& Kinds() {
               "with TORCHELASTIC_RESTART_COUNT `restart` (default 0)",
        {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0},
         {"restart", ValueType::kInt, false, 0}}},
+      {"bitflip", "worker rank `rank` flips one bit of its first parameter at step at_step (ballast.step(step, "
+                  "model=)): silent data corruption, found by the fingerprint checks",
+       {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0},
+        {"restart", ValueType::kInt, false, 0}}},
   };
   return *kinds;
 }

@@ -51,8 +51,14 @@ struct alignas(64) ProgressCell {
   std::atomic<uint64_t> health_epoch{0};
   std::atomic<uint64_t> health_begin{0};
   std::atomic<uint64_t> health_end{0};
+  // The newest parameter fingerprint (ballast.step(step, model=)): value and
+  // group first, then fp_step (release); the agent reads fp_step (acquire)
+  // and sends each new one to the master. 0: none this round.
+  std::atomic<uint64_t> fp_step{0};
+  std::atomic<uint64_t> fp_value{0};
+  std::atomic<uint64_t> fp_group{0};
 };
-static_assert(sizeof(ProgressCell) == 128);
+static_assert(sizeof(ProgressCell) == 192);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 struct alignas(64) ProgressHeader {

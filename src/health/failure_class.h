@@ -32,6 +32,7 @@ enum class FailureKind {
   kCheckpointLost,  // ballast's Checkpointer.load(): no checkpoint covers some ranks (not retried)
   kNonFiniteLoss,   // a worker reported a NaN/Inf loss (ballast.step(loss=)): a rollback, not a crash
   kLossSpike,       // a worker's loss spiked (--loss-spike): a rollback, not a crash
+  kSilentCorruption,  // a rank's parameters diverged from its replicas' (fingerprints): exclude + rollback
 };
 
 // What the supervisor knows about one failure.
@@ -60,7 +61,7 @@ FailureClass Classify(const FailureEvidence& evidence);
 
 // "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
 // "cuda-error", "nccl-error", "hang", "check-failed", "unreachable",
-// "store-timeout", "node-lost", "checkpoint-lost", "nan", "loss-spike".
+// "store-timeout", "node-lost", "checkpoint-lost", "nan", "loss-spike", "sdc".
 const char* FailureKindName(FailureKind kind);
 // The kind a name stands for (FailureKindName's inverse); nullopt for any
 // other text.

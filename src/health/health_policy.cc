@@ -27,6 +27,10 @@ absl::Status Validate(const HealthPolicy& policy) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-rollbacks must be >= 0 (0: a bad loss fails the job), got ", policy.max_rollbacks));
   }
+  if (policy.replica_check_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replica-check-every must be >= 0 steps (0: no fingerprint checks), got ", policy.replica_check_every));
+  }
   if (policy.loss_spike_z != 0 && !(policy.loss_spike_z >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss-spike must be a z-score >= 1 (e.g. 6: a loss 6 robust deviations above the recent median), or 0 "
@@ -39,7 +43,8 @@ absl::Status Validate(const HealthPolicy& policy) {
 std::string Describe(const HealthPolicy& policy) {
   return absl::StrCat("--on-nan ", OnNanName(policy.on_nan), " --max-rollbacks ", policy.max_rollbacks,
                       " --loss-spike ", policy.loss_spike_z > 0 ? absl::StrCat(policy.loss_spike_z) : "off",
-                      policy.skip_data ? "" : " --no-skip-data");
+                      policy.skip_data ? "" : " --no-skip-data", " --replica-check-every ",
+                      policy.replica_check_every);
 }
 
 absl::StatusOr<SampleRange> ParseSampleRange(absl::string_view text) {

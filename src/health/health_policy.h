@@ -35,6 +35,8 @@ inline constexpr char kOnNanEnv[] = "BALLAST_ON_NAN";         // rollback | fail
 inline constexpr char kLossSpikeEnv[] = "BALLAST_LOSS_SPIKE";  // robust z threshold; absent: off
 // Per round: "epoch:begin:end,..." sample positions ElasticSampler skips.
 inline constexpr char kSkipDataEnv[] = "BALLAST_SKIP_DATA";
+// Every this many steps workers fingerprint their parameters (ballast.step(step, model=)).
+inline constexpr char kReplicaCheckEveryEnv[] = "BALLAST_REPLICA_CHECK_EVERY";
 
 enum class OnNan { kRollback, kFail, kIgnore };
 
@@ -43,6 +45,9 @@ struct HealthPolicy {
   int max_rollbacks = 3;
   double loss_spike_z = 0;  // 0: spike detection off
   bool skip_data = true;
+  // Silent data corruption: every this many steps the ranks that must hold
+  // the same parameters compare fingerprints (0: off).
+  int replica_check_every = 100;
 };
 
 const char* OnNanName(OnNan mode);

@@ -24,7 +24,9 @@ TEST(HealthPolicy, ValidatesLimits) {
   EXPECT_NE(Validate(p).message().find("--loss-spike"), std::string::npos);
   p.loss_spike_z = 6;
   EXPECT_TRUE(Validate(p).ok());
-  EXPECT_EQ(Describe(p), "--on-nan rollback --max-rollbacks 0 --loss-spike 6");
+  EXPECT_EQ(Describe(p), "--on-nan rollback --max-rollbacks 0 --loss-spike 6 --replica-check-every 100");
+  p.replica_check_every = -1;
+  EXPECT_NE(Validate(p).message().find("--replica-check-every"), std::string::npos);
 }
 
 TEST(HealthPolicy, SampleRangesRoundTripAndAccumulateOnce) {

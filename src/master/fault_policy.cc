@@ -44,12 +44,14 @@ std::string FaultPolicy::JobFailureMessage(const v1::FailureReport& report,
 
 bool FaultPolicy::IsHealthReport(const v1::FailureReport& report) {
   return report.kind() == health::FailureKindName(health::FailureKind::kNonFiniteLoss) ||
-         report.kind() == health::FailureKindName(health::FailureKind::kLossSpike);
+         report.kind() == health::FailureKindName(health::FailureKind::kLossSpike) ||
+         report.kind() == health::FailureKindName(health::FailureKind::kSilentCorruption);
 }
 
 int FaultPolicy::rollbacks() const {
   int n = 0;
-  for (health::FailureKind k : {health::FailureKind::kNonFiniteLoss, health::FailureKind::kLossSpike}) {
+  for (health::FailureKind k : {health::FailureKind::kNonFiniteLoss, health::FailureKind::kLossSpike,
+                                health::FailureKind::kSilentCorruption}) {
     auto it = restarts_by_kind_.find(health::FailureKindName(k));
     if (it != restarts_by_kind_.end()) n += it->second;
   }
@@ -60,7 +62,8 @@ FailureVerdict FaultPolicy::OnBadLoss(const v1::FailureReport& report, const std
   const std::string who = absl::StrCat("worker rank ", report.global_rank(), " (local rank ", report.local_rank(),
                                        ") on node ", report.node_id(), " (host ", host, ") in round ", report.round(),
                                        ": ", DescribeCause(report));
-  switch (health_.on_nan) {
+  const bool sdc = report.kind() == health::FailureKindName(health::FailureKind::kSilentCorruption);
+  switch (sdc ? health::OnNan::kRollback : health_.on_nan) {  // --on-nan is about losses
     case health::OnNan::kIgnore:
       return {FailureAction::kIgnore, absl::StrCat("bad loss ignored (--on-nan ignore): ", who)};
     case health::OnNan::kFail:
@@ -71,10 +74,11 @@ FailureVerdict FaultPolicy::OnBadLoss(const v1::FailureReport& report, const std
   const int used = rollbacks();
   if (used >= health_.max_rollbacks) {
     return {FailureAction::kFailJob,
-            absl::StrCat("job failed: bad loss after ", used, " of ", health_.max_rollbacks,
-                         " rollbacks: ", who,
-                         "; the loss keeps going bad after rolling back: look at the data and the learning rate "
-                         "near that step (raise --max-rollbacks to allow more)")};
+            absl::StrCat("job failed: ", sdc ? "silent data corruption" : "bad loss", " after ", used, " of ",
+                         health_.max_rollbacks, " rollbacks: ", who,
+                         sdc ? "; (raise --max-rollbacks to allow more)"
+                             : "; the loss keeps going bad after rolling back: look at the data and the learning "
+                               "rate near that step (raise --max-rollbacks to allow more)")};
   }
   ++restarts_by_kind_[report.kind()];
   return {FailureAction::kRollback,

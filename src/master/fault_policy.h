@@ -52,9 +52,9 @@ class FaultPolicy {
 
   int max_restarts() const { return max_restarts_; }
   const health::HealthPolicy& health() const { return health_; }
-  // Rollbacks so far (failures of kind "nan" and "loss-spike" rolled back).
+  // Rollbacks so far (failures of kind "nan", "loss-spike" and "sdc" rolled back).
   int rollbacks() const;
-  // Whether a report is a bad loss (kind "nan" or "loss-spike").
+  // Whether a report is a bad loss or a diverged replica (kind "nan", "loss-spike", "sdc").
   static bool IsHealthReport(const v1::FailureReport& report);
   // Its state, for the master's journal, and back from it.
   int64_t decided_round() const { return decided_round_; }

@@ -34,6 +34,7 @@ v1::JobSpec MakeSpec(const JobMasterOptions& o) {
   spec.set_max_rollbacks(o.health.max_rollbacks);
   spec.set_loss_spike_z(o.health.loss_spike_z);
   spec.set_no_skip_data(!o.health.skip_data);
+  spec.set_replica_check_every(o.health.replica_check_every);
   return spec;
 }
 
@@ -214,6 +215,10 @@ absl::Status JobMaster::CheckSpec(const v1::JobSpec& given) const {
     health_diff("--loss-spike", absl::StrCat(given.loss_spike_z()),
                 spec_.loss_spike_z() > 0 ? absl::StrCat(spec_.loss_spike_z()) : "off");
   }
+  if (given.has_replica_check_every() && given.replica_check_every() != spec_.replica_check_every()) {
+    health_diff("--replica-check-every", absl::StrCat(given.replica_check_every()),
+                absl::StrCat(spec_.replica_check_every()));
+  }
   if (given.no_skip_data() && !spec_.no_skip_data()) {
     diffs.push_back("this agent was started with --no-skip-data but the job master skips the bad steps' data; "
                     "start the agent without it or the master with it");
@@ -290,6 +295,7 @@ std::string JobMaster::RendezvousWaitReason(double now) const {
 
 void JobMaster::StartRound(const World& world, bool is_restart, const std::string& why) {
   FlushProgress(clock_->Now());  // the old round's last steps count first
+  sdc_.NewRound();
   round_ = round_.Next();
   if (is_restart) ++restart_count_;
   state_ = JobState::kRunning;
@@ -782,7 +788,53 @@ void JobMaster::DecidePendingFailures(double now) {
   }
 }
 
-void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s) {
+void JobMaster::ApplySdcVerdict(const SdcChecker::Verdict& v) {
+  using Kind = SdcChecker::Verdict::Kind;
+  if (v.kind == Kind::kPending || v.kind == Kind::kAgree || v.ranks.empty()) return;
+  auto member_of = [this](int rank) -> const MemberAssignment* {
+    for (const auto& m : world_.members) {
+      if (rank >= m.rank_offset && rank < m.rank_offset + m.local_world_size) return &m;
+    }
+    return nullptr;
+  };
+  const MemberAssignment* first = member_of(v.ranks.front());
+  if (first == nullptr) return;  // not this world's ranks (a stale report)
+  std::vector<std::string> where;
+  std::vector<NodeId> nodes;
+  for (int r : v.ranks) {
+    const MemberAssignment* m = member_of(r);
+    if (m == nullptr) continue;
+    where.push_back(absl::StrCat("rank ", r, " on node ", m->node_id.str(), " (node rank ", m->group_rank, ", host ",
+                                 m->host, ")"));
+    if (std::find(nodes.begin(), nodes.end(), m->node_id) == nodes.end()) nodes.push_back(m->node_id);
+  }
+  if (v.kind == Kind::kTieAgain) {
+    const std::string msg = absl::StrCat(
+        "job failed: silent data corruption that cannot be localized: at step ", v.step, " ", v.detail,
+        ", again after recomputing from step ", v.last_agreed_step, "; ", absl::StrJoin(where, ", "),
+        ". With two replicas the wrong one cannot be told: check these hosts (ballast run --network-check) or "
+        "train with more replicas");
+    events_.Append("sdc", round_.value(), first->node_id.str(), msg);
+    Finish(false, msg);
+    return;
+  }
+  v1::FailureReport r;
+  r.set_node_id(first->node_id.str());
+  r.set_round(round_.value());
+  r.set_global_rank(v.ranks.front());
+  r.set_local_rank(v.ranks.front() - first->rank_offset);
+  r.set_kind(health::FailureKindName(health::FailureKind::kSilentCorruption));
+  r.set_max_retries(-1);
+  r.set_health_step(v.last_agreed_step + 1);
+  r.set_cause(absl::StrCat("silent data corruption at step ", v.step, ": ", v.detail,
+                           v.kind == Kind::kTie ? "; recomputing from the newest step all replicas agreed on"
+                                                : absl::StrCat("; excluding ", absl::StrJoin(where, ", "))));
+  spdlog::warn("job={} round={} {}", options_.job_id, round_, r.cause());
+  HandleFailure(r, first->host, 0, v.kind == Kind::kBlame ? nodes : std::vector<NodeId>{});
+}
+
+void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s,
+                              const std::vector<NodeId>& exclude) {
   FailureVerdict verdict = policy_.OnFailure(report, host, restart_count_);
   if (verdict.action == FailureAction::kIgnore) {
     spdlog::info("job={} node={} round={} {}", options_.job_id, report.node_id(), report.round(),
@@ -829,6 +881,8 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
     // The next round drops every step from the bad one on, everywhere, and
     // its workers skip the bad step's samples.
     rollback_below_ = std::max<int64_t>(report.health_step(), 1);
+    rollback_round_ = round_.Next();  // the next round, whenever it forms, is the rollback
+    rolled_back_below_ = rollback_below_;
     ckpt_.Rewind(rollback_below_);
     if (policy_.health().skip_data && !report.health_data().empty()) {
       if (absl::StatusOr<health::SampleRange> r = health::ParseSampleRange(report.health_data()); r.ok()) {
@@ -838,9 +892,11 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
                      report.node_id(), std::string(r.status().message()));
       }
     }
+    const bool sdc = report.kind() == health::FailureKindName(health::FailureKind::kSilentCorruption);
     spdlog::warn("job={} rollback: every checkpoint step from {} on is dropped everywhere{}", options_.job_id,
                  rollback_below_,
-                 policy_.health().skip_data && !report.health_data().empty()
+                 sdc ? "; the same samples are trained again (the data was fine)"
+                 : policy_.health().skip_data && !report.health_data().empty()
                      ? absl::StrCat("; samples ", report.health_data(), " are skipped")
                      : (policy_.health().skip_data ? "; the bad step's samples are unknown (no ElasticSampler)"
                                                    : "; the bad step's samples are trained again (--no-skip-data)"));
@@ -851,10 +907,14 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
                                     ? absl::StrCat(", samples ", report.health_data(), " skipped")
                                     : ""));
   }
-  // Same membership, unless waiting nodes make a bigger valid world.
+  for (const NodeId& id : exclude) {
+    ExcludeNode(id, absl::StrCat("its parameters diverged from the other replicas' (silent data corruption): ",
+                                 last_failure_.cause()));
+  }
+  // Same membership (less the excluded), unless waiting nodes make a bigger valid world.
   std::vector<NodeId> members;
   for (const auto& m : world_.members) {
-    if (nodes_.IsAlive(m.node_id)) members.push_back(m.node_id);
+    if (nodes_.IsAlive(m.node_id) && precheck_.excluded.count(m.node_id) == 0) members.push_back(m.node_id);
   }
   std::optional<World> world;
   if (AdmissibleWorldNodes() > rdzv_.RoundedNodes(static_cast<int>(members.size()))) {
@@ -862,14 +922,11 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   } else {
     world = rdzv_.FormFrom(members);
   }
-  rec.set_action(world.has_value() ? (rollback ? "rollback" : "restart") : "wait for nodes");
+  rec.set_action(world.has_value() ? (rollback ? (exclude.empty() ? "rollback" : "exclude and roll back") : "restart")
+                                   : (exclude.empty() ? "wait for nodes" : "exclude and wait for nodes"));
   AddFailure(std::move(rec));
   if (world.has_value()) {
     StartRound(*world, /*is_restart=*/true, verdict.message);
-    if (rollback) {
-      rollback_round_ = round_;
-      rolled_back_below_ = rollback_below_;
-    }
   } else {
     // Only when members whose workers had finished were lost since: too few
     // are left to restart the round.
@@ -943,6 +1000,10 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
     rec->first_step_known = report.first_step_known();
     rec->first_step = report.first_step();
     rec->first_step_at = now - std::max(0.0, report.first_step_age_s());
+    for (const v1::Fingerprint& f : report.fingerprints()) {
+      ApplySdcVerdict(sdc_.Add(f.rank(), f.step(), f.value(), f.group(), world_.world_size));
+      if (Round(report.round()) != round_ || finished()) return absl::OkStatus();  // it rolled back
+    }
     // Training resumed after a rollback: later rounds keep the new steps.
     if (rollback_below_ != 0 && report.first_step_known() && round_ >= rollback_round_) {
       rollback_below_ = 0;

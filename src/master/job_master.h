@@ -70,6 +70,7 @@
 #include "master/journal.h"
 #include "master/kv_store.h"
 #include "master/node_table.h"
+#include "master/sdc_checker.h"
 #include "master/precheck_coordinator.h"
 #include "master/rendezvous.h"
 
@@ -320,8 +321,13 @@ class JobMaster {
   void MaybeSucceed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the fault policy to a validated failure report of the current round.
   // detection_s: from the last sign of health to now (FailureRecord).
-  void HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // exclude: nodes to exclude from the job first (a replica that diverged).
+  void HandleFailure(const v1::FailureReport& report, const std::string& host, double detection_s,
+                     const std::vector<NodeId>& exclude = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acts on a fingerprint verdict (SdcChecker): exclude the diverged ranks'
+  // nodes and roll back to the newest agreed step, recompute after a tie, or
+  // fail the job after a second one.
+  void ApplySdcVerdict(const SdcChecker::Verdict& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member of the round other than `except` whose Watch stream is closed.
   std::optional<NodeId> DisconnectedMember(const NodeId& except) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -430,6 +436,7 @@ class JobMaster {
   Round rollback_round_ ABSL_GUARDED_BY(mu_);    // the last rollback's round
   int64_t rolled_back_below_ ABSL_GUARDED_BY(mu_) = 0;  // ... and the steps it dropped
   std::string skip_data_ ABSL_GUARDED_BY(mu_);
+  SdcChecker sdc_ ABSL_GUARDED_BY(mu_);  // parameter fingerprints (silent data corruption)
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Pre-flight check state.
   struct Precheck {

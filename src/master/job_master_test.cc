@@ -1230,5 +1230,45 @@ TEST_F(JobMasterTest, BadLossRollsEveryNodeBackDroppingStepsAndSkippingItsSample
   EXPECT_EQ(d.start_round().skip_data(), "0:40:48");
 }
 
+
+TEST_F(JobMasterTest, ADivergedReplicaIsExcludedAndTheRestRollBackToTheLastAgreedStep) {
+  Make(Options(2, 3));
+  Add("a", 0);
+  Add("b", 1);
+  Add("c", 2);
+  for (const char* id : {"a", "b", "c"}) Drain(id);
+  auto fingerprints = [&](const std::string& id, int rank, int64_t step, uint64_t value) {
+    v1::ProgressReport p = Progress(id, 1, step);
+    v1::Fingerprint* f = p.add_fingerprints();
+    f->set_rank(rank);
+    f->set_step(step);
+    f->set_value(value);
+    f->set_group(9);
+    return jm_->ReportProgress(p);
+  };
+  for (auto [id, rank] : std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}, {"c", 2}}) {
+    ASSERT_TRUE(fingerprints(id, rank, 100, 77).ok());
+  }
+  ASSERT_TRUE(fingerprints("a", 0, 200, 5).ok());
+  ASSERT_TRUE(fingerprints("b", 1, 200, 5).ok());
+  EXPECT_EQ(jm_->Status().round(), 1);
+  ASSERT_TRUE(fingerprints("c", 2, 200, 6).ok());
+  EXPECT_TRUE(Last("c").has_excluded());
+  for (const char* id : {"a", "b"}) {
+    v1::Decision d = Last(id);
+    ASSERT_TRUE(d.has_start_round()) << id;
+    EXPECT_EQ(d.start_round().world_size(), 2);
+    EXPECT_EQ(d.start_round().rollback_below(), 101) << id;
+  }
+  v1::JobStatus st = jm_->Status();
+  const v1::FailureRecord& rec = st.failures(st.failures_size() - 1);
+  EXPECT_EQ(rec.kind(), "sdc");
+  EXPECT_EQ(rec.action(), "exclude and roll back");
+  EXPECT_EQ(rec.global_rank(), 2);
+  EXPECT_THAT(rec.cause(), ::testing::HasSubstr("rank 2's parameter fingerprint 0000000000000006 differs"));
+  // Its re-join is refused.
+  EXPECT_FALSE(Join("c", 2).ok());
+}
+
 }  // namespace
 }  // namespace ballast::master

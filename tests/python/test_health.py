@@ -11,7 +11,10 @@ skip step 6's samples, and end with exactly the weights of a job that never
 saw them (a run with BALLAST_SKIP_DATA set from the start): no NaN, nothing
 of the bad step left in memory or on disk. --on-nan fail and --max-rollbacks 0
 fail the job with a message naming the rank, node and step; a chaos drill
-(--chaos nan:...) is rolled back the same way.
+(--chaos nan:...) is rolled back the same way. A bit flipped in one rank's
+weights (--chaos bitflip:...) is found by the replica fingerprints: its node
+is excluded and replaced, and the job rolls back to the last step all
+replicas agreed on.
 """
 
 import json
@@ -91,6 +94,27 @@ class TrainingHealth(TestCase):
         self.assertNotEqual(rc, 0, log[-4000:])
         self.assertIn("ballast chaos: nan: rank 2 reports a NaN loss at step 3", log)
         self.assertIn("job failed: bad loss after 0 of 0 rollbacks: worker rank 2 (local rank 0)", log)
+
+    def test_a_flipped_bit_excludes_its_node_and_rolls_back_to_the_last_agreed_step(self):
+        # Rank 3 (node 1) flips a bit of its weights at step 5; replicas are
+        # compared every 4 steps: step 8 disagrees, step 4 was the last that agreed.
+        rc, log, events, out = self.launch("sdc", "--replica-check-every", "4",
+                                           "--chaos", "bitflip:rank=3,at_step=5")
+        self.assertEqual(rc, 0, log[-8000:])
+        self.assertIn("ballast chaos: bitflip: rank 3 flipped a bit of", log)
+        self.assertRegex(log, r"silent data corruption at step 8: rank 3's parameter fingerprint [0-9a-f]{16} differs "
+                              r"from the 3 other replicas'")
+        self.assertRegex(log, r"node-1 excluded from the job: its parameters diverged")
+        self.assertIn("every checkpoint step from 5 on is dropped", log)
+        starts = [e for e in events if e["ev"] == "start"]
+        # The replacement node has no memory of the old one: the world resumes
+        # from the newest persisted step before 5 (every third step persists).
+        self.assertEqual((starts[-1]["step"], starts[-1]["source"]), (3, "disk"), starts)
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"], done["finite"]), ("done", 14, True), done)
+        self.assertIn("1 failure (1 sdc)", log)
+        # No data is skipped for a corrupt replica: the result is the clean run's.
+        self.assertEqual(done["sha256"], self.reference("")["sha256"])
 
     def test_bad_flags_get_a_clear_error(self):
         for flags, want in ((["--on-nan", "retry"], "--on-nan must be rollback, fail or ignore"),

@@ -10,7 +10,7 @@ import uuid
 import ballast
 
 _MAGIC = 0x33676F7270626C62  # "blbprog3", src/common/progress_cell.h
-_CELL = 128  # sizeof(ProgressCell)
+_CELL = 192  # sizeof(ProgressCell)
 
 
 def _make_progress_shm(cells):

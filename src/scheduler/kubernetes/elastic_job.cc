@@ -114,6 +114,7 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
               {"maxRestarts", &j.max_restarts, 3, 0, 1000000},
               {"maxReplacements", &j.max_replacements, 3, 0, 1000000},
               {"maxRollbacks", &j.health.max_rollbacks, 3, 0, 1000000},
+              {"replicaCheckEvery", &j.health.replica_check_every, 100, 0, 100000000},
               {"pendingTimeoutSeconds", &j.pending_timeout_s, 120, 1, 86400 * 30}};
   for (const IntSpec& f : ints) {
     auto v = IntField(spec, f.key, f.def, f.min, f.max);

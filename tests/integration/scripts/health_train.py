@@ -111,7 +111,7 @@ while step < args.steps:
         sampler.advance(len(idx))
         ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "sampler": sampler.state_dict()},
                   persist=step % 3 == 0)
-        ballast.step(step, loss=loss)
+        ballast.step(step, loss=loss, model=model)
         time.sleep(args.step_time)
     if sampler.epoch_done:
         sampler.set_epoch(sampler.epoch + 1)
