@@ -56,7 +56,8 @@ bench: build
 	/usr/bin/python3 bench/recovery_bench.py --ballast $(BUILD_DIR)/bin/ballast
 	/usr/bin/python3 bench/rendezvous_bench.py --ballast $(BUILD_DIR)/bin/ballast
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/ckpt_bench.py
-	/usr/bin/python3 bench/health_bench.py --ballast $(BUILD_DIR)/bin/ballast
+	/usr/bin/python3 bench/precheck_bench.py --ballast $(BUILD_DIR)/bin/ballast
+	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/health_bench.py --ballast $(BUILD_DIR)/bin/ballast
 
 # libFuzzer targets (parsers of user input, the master's journal, the
 # checkpoint reader), built with clang and ASan in $(FUZZ_DIR), each run for

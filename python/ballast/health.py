@@ -29,8 +29,9 @@ few steps.
 Silent data corruption: ``ballast.step(step, model=model)`` fingerprints the
 rank's parameters (its local shards under FSDP) every
 ``--replica-check-every N`` steps (default 100): the sum of their raw bits as
-64-bit words, mixed over the parameters in order (a flipped bit always
-changes it), and a group key (the parameters' names and local shapes, and for
+64-bit words (in C++ without the GIL for CPU tensors, on the device for
+others), mixed over the parameters in order (a flipped bit always changes
+it), and a group key (the parameters' names and local shapes, and for
 a DTensor its coordinate on the sharded mesh dimensions): ranks with the same
 key must hold the same values (DDP: all ranks; HSDP: each replica group).
 The agent sends them to the master, which compares each group: a rank that
@@ -195,8 +196,11 @@ def _local(t):
 
 
 def _word_sum(t):
-    """The sum of t's raw bits as 64-bit (else 32, 16, 8-bit) words, mod 2**64."""
+    """The sum of t's raw bits as 64-bit words, mod 2**64 (on the device for
+    an accelerator's tensor: as 64, else 32, 16 or 8-bit words)."""
     b = t.detach().contiguous().reshape(-1)
+    if b.device.type == "cpu":
+        return _C.word_sum(b.data_ptr(), b.numel() * b.element_size())
     raw = b.view(torch.uint8)
     for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
         if raw.numel() % width == 0:

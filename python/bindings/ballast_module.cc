@@ -890,6 +890,38 @@ PYBIND11_MODULE(_ballast, m) {
   m.def("shard_path", &ckpt::ShardPath, py::arg("dir"), py::arg("step"), py::arg("rank"));
   m.def("step_dir", &ckpt::StepDir, py::arg("dir"), py::arg("step"));
   m.def("default_copy_threads", &ckpt::DefaultCopyThreads);
+  m.def("word_sum", [](uintptr_t address, uint64_t nbytes) {
+    // The sum of the bytes as little-endian 64-bit words (a last partial word
+    // zero-padded), mod 2^64: a parameter fingerprint (ballast.health). A
+    // flipped bit always changes it. Memory-bandwidth bound, without the GIL.
+    const auto* p = reinterpret_cast<const uint8_t*>(address);
+    uint64_t sum = 0;
+    {
+      py::gil_scoped_release release;
+      uint64_t a = 0, b = 0, c = 0, d = 0;
+      uint64_t i = 0;
+      for (; i + 32 <= nbytes; i += 32) {
+        uint64_t w[4];
+        std::memcpy(w, p + i, 32);
+        a += w[0];
+        b += w[1];
+        c += w[2];
+        d += w[3];
+      }
+      for (; i + 8 <= nbytes; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, p + i, 8);
+        a += w;
+      }
+      if (i < nbytes) {
+        uint64_t w = 0;
+        std::memcpy(&w, p + i, nbytes - i);
+        b += w;
+      }
+      sum = a + b + c + d;
+    }
+    return sum;
+  }, py::arg("address"), py::arg("nbytes"), "Sum of a CPU buffer's 64-bit words (parameter fingerprints).");
   m.def("bench_memcpy", &BenchMemcpy, py::arg("buffers"), py::arg("threads") = 0,
         py::arg("repeats") = 1);
 
