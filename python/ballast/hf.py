@@ -14,7 +14,9 @@ callback then
 * flash-saves the model, the optimizer, the LR scheduler, the Trainer's state
   and every RNG state every ``save_every`` optimizer steps (a memory copy;
   with ``persist_every`` the step is also written to disk in the background);
-* reports each step to the agent (``ballast.step``: hang detection, goodput);
+* reports each step to the agent (``ballast.step``: hang detection, goodput,
+  and with the model the replica fingerprints that find silent data
+  corruption);
 * resumes on every start from the newest step that memory, a peer node's
   replica or the disk holds: ``trainer.train()`` without
   ``resume_from_checkpoint`` goes through the Trainer's own resume path
@@ -44,7 +46,7 @@ except ImportError as e:  # pragma: no cover - a clear error for a missing depen
     raise ImportError(f"ballast.hf needs Hugging Face transformers ({e}): pip install transformers") from None
 
 from ballast.checkpoint import Checkpointer
-from ballast._ballast import step as report_step
+from ballast.progress import step as report_step
 
 _TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
 
@@ -208,7 +210,9 @@ class BallastCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         step = state.global_step
-        report_step(step)
+        # With the model: its replicas' fingerprints are compared every
+        # --replica-check-every steps (silent data corruption; ballast.health).
+        report_step(step, model=model)
         if step % self.save_every:
             return
         snapshot = {

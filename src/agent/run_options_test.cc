@@ -235,5 +235,27 @@ TEST(ParseRunArgs, PrecheckFlags) {
   EXPECT_EQ(Parse({"--precheck", "7", "t.py"}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ParseRunArgs, TrainingHealthFlags) {
+  auto none = Parse({"t.py"});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->on_nan.empty());
+  EXPECT_FALSE(none->max_rollbacks.has_value());
+  EXPECT_FALSE(none->replica_check_every.has_value());
+  auto all = Parse({"--on-nan", "fail", "--max-rollbacks", "0", "--loss-spike", "6", "--no-skip-data",
+                    "--replica-check-every", "50", "t.py"});
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->on_nan, "fail");
+  EXPECT_EQ(all->max_rollbacks, 0);
+  EXPECT_EQ(all->loss_spike_z, 6);
+  EXPECT_TRUE(all->no_skip_data);
+  EXPECT_EQ(all->replica_check_every, 50);
+  for (std::vector<std::string> bad : {std::vector<std::string>{"--on-nan", "retry", "t.py"},
+                                       {"--max-rollbacks", "-1", "t.py"},
+                                       {"--loss-spike", "0.5", "t.py"},
+                                       {"--replica-check-every", "-1", "t.py"}}) {
+    EXPECT_EQ(Parse(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad[0];
+  }
+}
+
 }  // namespace
 }  // namespace ballast::agent

@@ -43,6 +43,15 @@ TEST(ParseElasticJob, ReadsTheSpecWithDefaults) {
   EXPECT_EQ(j->max_replacements, 3);
   EXPECT_EQ(j->pending_timeout_s, 120);
   EXPECT_FALSE(j->network_check);
+  EXPECT_EQ(j->health.on_nan, health::OnNan::kRollback);
+  EXPECT_EQ(j->health.max_rollbacks, 3);
+  EXPECT_EQ(j->health.replica_check_every, 100);
+  EXPECT_TRUE(j->health.skip_data);
+  auto h = ParseElasticJob(Job({{"onNan", "fail"}, {"maxRollbacks", 1}, {"lossSpike", 6}, {"skipData", false},
+                                {"replicaCheckEvery", 20}}));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(health::Describe(h->health),
+            "--on-nan fail --max-rollbacks 1 --loss-spike 6 --no-skip-data --replica-check-every 20");
   EXPECT_EQ(j->WorkerPodName(3, 2), "train-worker-3-2");
   EXPECT_EQ(j->WorkerSelector(), "ballast.dev/job=train,ballast.dev/role=worker");
 }
@@ -60,6 +69,11 @@ TEST(ParseElasticJob, BadFieldsAreNamed) {
       {{{"excludeStragglers", true}}, "spec.excludeStragglers"},
       {{{"template", Json::object()}}, "spec.template.spec.containers"},
       {{{"warmModules", "numpy,not a module"}}, "spec.warmModules"},
+      {{{"onNan", "retry"}}, "spec.onNan"},
+      {{{"maxRollbacks", -1}}, "spec.maxRollbacks"},
+      {{{"lossSpike", 0.5}}, "spec.lossSpike"},
+      {{{"skipData", "no"}}, "spec.skipData"},
+      {{{"replicaCheckEvery", -5}}, "spec.replicaCheckEvery"},
   };
   for (const Case& c : cases) {
     auto j = ParseElasticJob(Job(c.overrides));
