@@ -239,6 +239,7 @@ int DriveJob(DrivenMaster& m, scheduler::SchedulerInterface& sched, scheduler::N
   spdlog::info("job {} summary: {}; {} worker restart(s), {} node replacement(s); {}", m.job_id(),
                master::FormatGoodput(final_status.goodput()), final_status.restart_count(), nodes.replacements(),
                master::FormatFailures(final_status));
+  if (!f.chaos.empty()) spdlog::info("{}", master::FormatChaosReport(f.chaos, final_status));
   m.Shutdown(0);
   if (!failure.empty()) {
     std::fprintf(stderr, "ballast %s: job %s failed: %s\n", o.cmd, m.job_id().c_str(), failure.c_str());

@@ -205,4 +205,20 @@ std::string FormatFailures(const v1::JobStatus& st) {
   return line;
 }
 
+std::string FormatChaosReport(const std::string& injected, const v1::JobStatus& st) {
+  std::string out = absl::StrCat("chaos: injected ", injected, "; the job ",
+                                 st.failures_size() == 0 ? "saw no failure" : "responded:");
+  for (const auto& f : st.failures()) {
+    absl::StrAppend(&out, absl::StrFormat("\n  %.1f s, round %d: %s, ", f.at_s(), f.round(), f.kind()));
+    if (f.global_rank() >= 0) absl::StrAppend(&out, "rank ", f.global_rank(), " on ");
+    absl::StrAppend(&out, "node ", f.node_id(), " (node rank ", f.node_rank(), "): ", f.cause(), " -> ", f.action(),
+                    absl::StrFormat("; decided %.2f s after it was seen", f.detection_s()));
+    if (f.resumed()) {
+      absl::StrAppend(&out, absl::StrFormat(", training again %.2f s later, %d step(s) run again", f.resume_s(),
+                                            f.steps_lost()));
+    }
+  }
+  return out;
+}
+
 }  // namespace ballast::master

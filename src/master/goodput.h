@@ -138,5 +138,12 @@ std::string FormatGoodput(const v1::Goodput& g);
 // "3 failures (2 killed, 1 node-lost), training resumed 0.41 s after each on
 // average": what a job survived, for its summary.
 std::string FormatFailures(const v1::JobStatus& st);
+// A chaos drill's report (`ballast launch --chaos`): the faults injected and,
+// per failure the master decided, what it saw and did, e.g.
+// "chaos: injected nan:rank=1,at_step=6\n  12.3 s, round 1: nan, rank 1 on
+// node node-0 (node rank 0): non-finite loss (nan) at step 6 -> rollback;
+// decided 0.10 s after it was seen, training again 1.25 s later, 1 step(s)
+// run again".
+std::string FormatChaosReport(const std::string& injected, const v1::JobStatus& st);
 
 }  // namespace ballast::master

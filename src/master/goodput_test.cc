@@ -114,5 +114,27 @@ TEST(StepHistory, StaysBoundedAndSpansTheWholeJob) {
   EXPECT_NE(h.points().back().at_s, 1e6);
 }
 
+TEST(FormatChaosReport, SaysWhatWasInjectedAndWhatTheJobDid) {
+  v1::JobStatus st;
+  EXPECT_EQ(FormatChaosReport("nan:rank=1,at_step=6", st), "chaos: injected nan:rank=1,at_step=6; the job saw no failure");
+  v1::FailureRecord* f = st.add_failures();
+  f->set_at_s(12.34);
+  f->set_round(1);
+  f->set_kind("nan");
+  f->set_global_rank(1);
+  f->set_node_id("node-0");
+  f->set_node_rank(0);
+  f->set_cause("non-finite loss (nan) at step 6");
+  f->set_action("rollback");
+  f->set_detection_s(0.1);
+  f->set_resumed(true);
+  f->set_resume_s(1.25);
+  f->set_steps_lost(1);
+  EXPECT_EQ(FormatChaosReport("nan:rank=1,at_step=6", st),
+            "chaos: injected nan:rank=1,at_step=6; the job responded:\n  12.3 s, round 1: nan, rank 1 on node node-0 "
+            "(node rank 0): non-finite loss (nan) at step 6 -> rollback; decided 0.10 s after it was seen, training "
+            "again 1.25 s later, 1 step(s) run again");
+}
+
 }  // namespace
 }  // namespace ballast::master

@@ -922,8 +922,9 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   } else {
     world = rdzv_.FormFrom(members);
   }
-  rec.set_action(world.has_value() ? (rollback ? (exclude.empty() ? "rollback" : "exclude and roll back") : "restart")
-                                   : (exclude.empty() ? "wait for nodes" : "exclude and wait for nodes"));
+  std::string action = rollback ? (exclude.empty() ? "rollback" : "exclude and roll back") : "restart";
+  if (!world.has_value()) action = rollback ? absl::StrCat(action, ", waiting for nodes") : "wait for nodes";
+  rec.set_action(action);
   AddFailure(std::move(rec));
   if (world.has_value()) {
     StartRound(*world, /*is_restart=*/true, verdict.message);

@@ -113,6 +113,10 @@ class TrainingHealth(TestCase):
         done = events[-1]
         self.assertEqual((done["ev"], done["step"], done["finite"]), ("done", 14, True), done)
         self.assertIn("1 failure (1 sdc)", log)
+        # launch --chaos ends with what was injected and what the job did about it.
+        self.assertRegex(log, r"chaos: injected bitflip:rank=3,at_step=5; the job responded:\n  [\d.]+ s, round 1: sdc, "
+                              r"rank 3 on node node-1 \(node rank 1\): silent data corruption at step 8: .* -> exclude "
+                              r"and roll back, waiting for nodes; decided [\d.]+ s after it was seen, training again [\d.]+ s later")
         # No data is skipped for a corrupt replica: the result is the clean run's.
         self.assertEqual(done["sha256"], self.reference("")["sha256"])
 
