@@ -45,7 +45,7 @@ double MonotonicSeconds() {
 // "pg <t_call> <t_return>", "modules [...]" (t: time.monotonic()).
 constexpr char kBootstrap[] = R"PY(import os, sys
 def _ballast_warm():
-    import fcntl, json, socket, threading, time
+    import fcntl, json, socket, sysconfig, threading, time
     # Out of the way: a cold start's first open() gets fd 3, so must the script's.
     low = int(os.environ.pop("BALLAST_WARM_FD", "3"))
     fd = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 512)
@@ -99,7 +99,6 @@ def _ballast_warm():
     def library_modules():
         # Modules of installed packages and the standard library only: the
         # user's own code may do anything at import.
-        import sysconfig
         std = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
         out = []
         for name, mod in list(sys.modules.items()):
@@ -109,6 +108,10 @@ def _ballast_warm():
             if "/site-packages/" in f or "/dist-packages/" in f or f.startswith(std):
                 out.append(name)
         return out
+    # The script may fork (a DataLoader's workers): never while the thread
+    # below is answering, so a child does not inherit a lock it holds.
+    busy = threading.Lock()
+    os.register_at_fork(before=busy.acquire, after_in_parent=busy.release, after_in_child=busy.release)
     def serve():
         while True:
             try:
@@ -118,7 +121,8 @@ def _ballast_warm():
             if req is None:
                 return
             if req.get("modules"):
-                say("modules " + json.dumps(library_modules()))
+                with busy:
+                    say("modules " + json.dumps(library_modules()))
     dist = sys.modules.get("torch.distributed")
     orig = getattr(dist, "init_process_group", None)
     if orig is not None:
