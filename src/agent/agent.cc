@@ -21,6 +21,7 @@
 #include "common/subprocess.h"
 #include "common/tls.h"
 #include "health/oom.h"
+#include "agent/chaos_driver.h"
 #include "common/chaos.h"
 #include "health/failure_class.h"
 #include "spdlog/spdlog.h"
@@ -328,11 +329,8 @@ int Agent::Run() {
       PrintError(std::string(chaos.status().message()));
       return 2;
     }
-    if (const ChaosFault* kill = chaos->Find("kill-agent", options_.run.node_rank); kill != nullptr) {
-      chaos_kill_after_s_ = kill->Number("after", 0);
-      spdlog::warn("chaos: kill-agent on node rank {}: this agent SIGKILLs itself {} s after its workers start",
-                   options_.run.node_rank, chaos_kill_after_s_);
-    }
+    chaos_ = std::make_unique<ChaosDriver>(*chaos, options_.run.node_rank);
+    if (chaos_->armed()) spdlog::warn("chaos: {} (node rank {})", std::getenv(kChaosEnv), options_.run.node_rank);
     PrecheckRunnerOptions po;
     po.node_id = options_.node_id;
     po.host = options_.host;
@@ -599,9 +597,7 @@ void Agent::StartRound(const v1::StartRound& start) {
   if (progress_ != nullptr) progress_->Reset();
   fp_sent_.assign(static_cast<size_t>(nproc), 0);
   round_started_ns_ = MonotonicNowNs();
-  if (chaos_kill_after_s_ >= 0 && chaos_kill_at_ns_ == 0) {
-    chaos_kill_at_ns_ = round_started_ns_ + static_cast<uint64_t>(chaos_kill_after_s_ * 1e9);
-  }
+  if (chaos_ != nullptr) chaos_->RoundStarted(round_started_ns_, start.restart_count());
   next_progress_report_ns_ = round_started_ns_;
   if (replicas_ != nullptr) {
     replicas_->BeforeRound(start);
@@ -656,11 +652,7 @@ void Agent::ReportFailure(v1::FailureReport report) {
 }
 
 std::optional<int> Agent::PollWorkers() {
-  if (chaos_kill_at_ns_ != 0 && MonotonicNowNs() >= chaos_kill_at_ns_) {
-    spdlog::warn("chaos: kill-agent: SIGKILL to this agent (pid {}) {}", getpid(), Fmt());
-    spdlog::default_logger()->flush();
-    kill(getpid(), SIGKILL);
-  }
+  InjectChaos();
   if (precheck_ != nullptr) precheck_->Poll();
   if (!running_round_) return std::nullopt;
   std::vector<WorkerEvent> events = workers_->Poll();
@@ -728,6 +720,39 @@ std::optional<int> Agent::PollWorkers() {
   }
   if (warm_starter_ != nullptr) warm_starter_->Poll(MonotonicNowNs(), running_round_);
   return std::nullopt;
+}
+
+void Agent::InjectChaos() {
+  if (chaos_ == nullptr || !chaos_->armed()) return;
+  std::vector<ChaosDriver::Worker> workers;
+  if (running_round_) {
+    for (const WorkerInfo& w : workers_->Workers()) {
+      ChaosDriver::Worker v{w.global_rank, w.pid, w.state == WorkerState::kRunning};
+      if (progress_ != nullptr && w.local_rank < progress_->num_cells()) {
+        const CellSnapshot c = progress_->Read(w.local_rank);
+        v.stepped = c.timestamp_ns != 0;
+        v.step = c.step;
+      }
+      workers.push_back(v);
+    }
+  }
+  for (const ChaosAction& a : chaos_->Due(MonotonicNowNs(), workers)) {
+    switch (a.kind) {
+      case ChaosAction::Kind::kKillAgent:
+        spdlog::warn("chaos: {}: SIGKILL to this agent (pid {}) {}", a.what, getpid(), Fmt());
+        spdlog::default_logger()->flush();
+        kill(getpid(), SIGKILL);
+        break;
+      case ChaosAction::Kind::kKillWorker:
+        spdlog::warn("chaos: {}: SIGKILL to worker rank {} {}", a.what, a.global_rank, Fmt());
+        kill(a.pid, SIGKILL);
+        break;
+      case ChaosAction::Kind::kStopWorker:
+        spdlog::warn("chaos: {}: SIGSTOP to worker rank {} (it hangs) {}", a.what, a.global_rank, Fmt());
+        kill(a.pid, SIGSTOP);
+        break;
+    }
+  }
 }
 
 void Agent::TrackTimeline() {

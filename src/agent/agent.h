@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "agent/chaos_driver.h"
 #include "agent/ckpt_persister.h"
 #include "agent/hang_responder.h"
 #include "agent/master_client.h"
@@ -152,6 +153,8 @@ class Agent {
   void PublishState();
   // Hang detection (--hang-timeout, HangResponder): a hung worker's stacks
   // are dumped, it is killed and its failure reported with the hang evidence.
+  // Sends the chaos drills due now (chaos_driver.h).
+  void InjectChaos();
   void CheckHangs();
   // A worker recorded a bad loss (ballast.step(step, loss=)): stop the
   // workers without a breakpoint save and report it (health_watch.h).
@@ -189,10 +192,8 @@ class Agent {
   // Declared after progress_ and workers_, which it points to; null when
   // progress_ is.
   std::unique_ptr<HangResponder> hangs_;
-  // Chaos kill-agent (common/chaos.h): CLOCK_MONOTONIC time at which this
-  // agent SIGKILLs itself; 0 = never. Armed when workers first start.
-  double chaos_kill_after_s_ = -1;
-  uint64_t chaos_kill_at_ns_ = 0;
+  // Chaos drills this agent injects (chaos_driver.h); created in Run().
+  std::unique_ptr<ChaosDriver> chaos_;
   uint64_t round_started_ns_ = 0;       // CLOCK_MONOTONIC when round_'s workers started
   uint64_t next_progress_report_ns_ = 0;
   // The round's MASTER_ADDR:PORT: publish or fetch, address probe, store watch.

@@ -90,19 +90,19 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
   for (const WorkerInfo* o : dumped) {
     health::StackSummary st = health::SummarizeStackDump(hooks_.take_dump(o->local_rank));
     spdlog::info("rank {} (local rank {}): {}", o->global_rank, o->local_rank,
-                 !st.found          ? "no stack dump (the worker did not import ballast?)"
+                 !st.found          ? "no stack dump (stopped, stuck outside Python, or it did not import ballast)"
                  : st.in_collective ? absl::StrCat("waiting in a collective at ", st.top_frame)
                                     : absl::StrCat("stopped outside any collective at ", st.top_frame));
     for (Hung& h : hung) {
       if (h.worker->local_rank == o->local_rank) h.stack = st;
     }
   }
-  // Blame: a rank outside a collective (the others wait for it), then the
-  // lowest step, then the oldest progress.
+  // Blame: a rank outside a collective (the others wait for it), then one
+  // that did not answer the dump (stopped, or stuck outside Python), then
+  // the lowest step, then the oldest progress.
   auto key = [](const Hung& h) {
-    const bool outside = h.stack.found && !h.stack.in_collective;
     const int64_t step = h.cell.timestamp_ns == 0 ? -1 : static_cast<int64_t>(h.cell.step);
-    return std::make_tuple(outside ? 0 : 1, step, h.cell.timestamp_ns);
+    return std::make_tuple(health::HangBlameTier(h.stack.found, h.stack.in_collective), step, h.cell.timestamp_ns);
   };
   const Hung* blamed = &hung[0];
   for (const Hung& h : hung) {

@@ -437,7 +437,12 @@ void WorkerGroup::Stop(double grace_s, const std::atomic<bool>* kill_now) {
       continue;
     }
     any = true;
-    if (grace_s > 0) w.process.Signal(SIGTERM);
+    if (grace_s > 0) {
+      w.process.Signal(SIGTERM);
+      // A stopped worker (SIGSTOP, a terminal's SIGTSTP, the hang drill)
+      // handles the SIGTERM only once it runs again.
+      w.process.Signal(SIGCONT);
+    }
   }
   // Wait for all workers in parallel (not one grace per worker).
   auto deadline = Clock::now() + std::chrono::duration<double>(std::max(0.0, grace_s));

@@ -88,6 +88,12 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
   if (auto chaos = ParseChaosSpec(f->chaos); !chaos.ok()) {
     std::fprintf(stderr, "ballast %s: --chaos: %s\n", cmd, std::string(chaos.status().message()).c_str());
     return kUsageExit;
+  } else if (!chaos->All("kill-master").empty() && f->journal.empty()) {
+    std::fprintf(stderr,
+                 "ballast %s: --chaos kill-master needs --journal DIR: without a journal the master runs in this "
+                 "process, and killing it ends the job\n",
+                 cmd);
+    return kUsageExit;
   }
   if (auto modules = ParseModuleList(f->warm_modules); !modules.ok()) {
     std::fprintf(stderr, "ballast %s: --warm-modules: %s\n", cmd, std::string(modules.status().message()).c_str());
@@ -171,6 +177,9 @@ std::unique_ptr<DrivenMaster> StartJobMaster(const char* cmd, const JobFlags& f,
     po.journal_dir = f.journal;
     po.http_port_given = f.http.port != -2;
     po.cmd = cmd;
+    if (auto chaos = ParseChaosSpec(f.chaos); chaos.ok() && !chaos->All("kill-master").empty()) {
+      po.kill_master = *chaos->All("kill-master")[0];
+    }
     auto p = MasterProcess::Start(std::move(po));
     if (!p.ok()) {
       std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(p.status().message()).c_str());
@@ -239,7 +248,15 @@ int DriveJob(DrivenMaster& m, scheduler::SchedulerInterface& sched, scheduler::N
   spdlog::info("job {} summary: {}; {} worker restart(s), {} node replacement(s); {}", m.job_id(),
                master::FormatGoodput(final_status.goodput()), final_status.restart_count(), nodes.replacements(),
                master::FormatFailures(final_status));
-  if (!f.chaos.empty()) spdlog::info("{}", master::FormatChaosReport(f.chaos, final_status));
+  if (!f.chaos.empty()) {
+    std::string report = master::FormatChaosReport(f.chaos, final_status);
+    if (m.master_restarts() > 0) {
+      absl::StrAppend(&report, "\n  the master process died ", m.master_restarts(),
+                      " time(s) and was restarted from its journal (worker restarts in the whole job: ",
+                      final_status.restart_count(), ")");
+    }
+    spdlog::info("{}", report);
+  }
   m.Shutdown(0);
   if (!failure.empty()) {
     std::fprintf(stderr, "ballast %s: job %s failed: %s\n", o.cmd, m.job_id().c_str(), failure.c_str());

@@ -5,9 +5,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_util.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -104,7 +106,7 @@ absl::Status MasterProcess::Spawn() {
   }
   child_ = std::make_unique<Subprocess>(*std::move(child));
   exited_.reset();
-  ++incarnations_;
+  if (++incarnations_ == 1) first_started_ = std::chrono::steady_clock::now();
   spdlog::info("{}: master process pid {} (incarnation {}) on {}, journal {}", options_.cmd, child_->pid(),
                incarnations_, address_, options_.journal_dir);
   return absl::OkStatus();
@@ -183,6 +185,7 @@ absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
   absl::StatusOr<v1::JobStatus> st = Fetch(2.0);
   if (!st.ok()) return absl::OkStatus();  // dying or restarting: the next turn sees it
   last_ = *st;
+  InjectChaos();
   // What the in-process master's callbacks would have said: nodes that
   // turned dead, left or excluded since the last turn.
   for (const v1::NodeStatus& n : last_->nodes()) {
@@ -204,6 +207,30 @@ absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
     }
   }
   return absl::OkStatus();
+}
+
+void MasterProcess::InjectChaos() {
+  if (!options_.kill_master.has_value() || chaos_fired_ || child_ == nullptr || !last_.has_value()) return;
+  const ChaosFault& f = *options_.kill_master;
+  std::string why;
+  if (f.params.count("at_step") > 0) {
+    if (last_->state() != "running") return;
+    int64_t lowest = -1;
+    for (const v1::NodeStatus& n : last_->nodes()) {
+      if (n.state() == "dead" || n.state() == "left" || n.state() == "excluded") continue;
+      lowest = lowest < 0 ? n.last_step() : std::min(lowest, n.last_step());
+    }
+    if (lowest < static_cast<int64_t>(f.Number("at_step", 0))) return;
+    why = absl::StrCat("every node at step ", lowest, " or later");
+  } else {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_started_).count();
+    if (s < f.Number("after", 0)) return;
+    why = absl::StrFormat("%.1f s after it started", s);
+  }
+  chaos_fired_ = true;
+  spdlog::warn("{}: chaos: kill-master ({}): SIGKILL to the master process (pid {})", options_.cmd, why,
+               child_->pid());
+  kill(child_->pid(), SIGKILL);
 }
 
 std::optional<master::JobResult> MasterProcess::ResultOf(const v1::JobStatus& st) {

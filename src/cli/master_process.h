@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "ballast/v1/master.grpc.pb.h"
 #include "ballast/v1/master.pb.h"
+#include "common/chaos.h"
 #include "common/subprocess.h"
 #include "master/master_server.h"
 #include "scheduler/node_manager.h"
@@ -50,6 +51,8 @@ class DrivenMaster {
   // in-process master tells the node manager itself). Non-OK when the master
   // cannot go on: the job ends with that error.
   virtual absl::Status Poll(scheduler::NodeManager& nodes) { return absl::OkStatus(); }
+  // Times a master process died and was restarted from its journal.
+  virtual int master_restarts() const { return 0; }
 };
 
 // The master in this process (master_server.h).
@@ -78,6 +81,9 @@ struct MasterProcessOptions {
   bool http_port_given = false;  // else beside the gRPC port, as `ballast master` does
   const char* cmd = "launch";    // for messages
   double ready_timeout_s = 30;   // for the master to answer after a start
+  // Chaos kill-master (common/chaos.h): SIGKILL to the master process `after`
+  // seconds after it first started, or once every live node reached at_step.
+  std::optional<ChaosFault> kill_master;
 };
 
 class MasterProcess : public DrivenMaster {
@@ -96,6 +102,7 @@ class MasterProcess : public DrivenMaster {
   // Incarnations started so far (1 + restarts).
   int incarnations() const { return incarnations_; }
   pid_t pid() const { return child_ ? child_->pid() : -1; }
+  int master_restarts() const override { return incarnations_ - 1; }
 
  private:
   explicit MasterProcess(MasterProcessOptions options);
@@ -107,6 +114,8 @@ class MasterProcess : public DrivenMaster {
   // A dead master is restarted (a signal), or its exit is taken as the end.
   absl::Status CheckChild();
   static std::optional<master::JobResult> ResultOf(const v1::JobStatus& st);
+  // Sends the chaos kill-master when it is due (from last_).
+  void InjectChaos();
 
   const MasterProcessOptions options_;
   std::string job_id_;
@@ -119,6 +128,8 @@ class MasterProcess : public DrivenMaster {
   std::optional<v1::JobStatus> last_;
   std::map<std::string, std::string> reported_;  // node id -> the state it was reported in
   bool shut_down_ = false;
+  std::chrono::steady_clock::time_point first_started_{};
+  bool chaos_fired_ = false;
 };
 
 }  // namespace ballast::cli

@@ -25,26 +25,49 @@ struct KindDef {
   const char* kind;
   const char* doc;
   std::vector<KeyDef> keys;
+  // Needs exactly one trigger: after=T (seconds after the round's workers
+  // start) or at_step=S (when the step reaches S).
+  bool trigger = false;
 };
 
-// One row per fault kind. `node` is the node rank the fault hits.
+constexpr KeyDef kAfter{"after", ValueType::kNumber, false, 0};
+constexpr KeyDef kAtStep{"at_step", ValueType::kInt, false, 0};
+constexpr KeyDef kRestart{"restart", ValueType::kInt, false, 0};
+
+// One row per fault kind. `node` is the node rank the fault hits, `rank` the
+// worker's global rank.
 const std::vector<KindDef>& Kinds() {
   static const auto* kinds = new std::vector<KindDef>{
       {"check-fail", "the node's pre-flight check workers exit non-zero",
        {{"node", ValueType::kInt, true, 0}}},
       {"check-slow", "the node's pre-flight check time is multiplied by factor (> 0)",
        {{"node", ValueType::kInt, true, 0}, {"factor", ValueType::kNumber, true, 0}}},
-      {"kill-agent", "the node's agent SIGKILLs itself `after` seconds after its workers first start",
-       {{"node", ValueType::kInt, true, 0}, {"after", ValueType::kNumber, true, 0}}},
-      // Applied by the worker (python/ballast/health.py), not the agent.
+      {"kill-agent",
+       "the node's agent SIGKILLs itself `after` seconds after its workers first start, or when its workers "
+       "reach step at_step (a lost node: its workers die with it)",
+       {{"node", ValueType::kInt, true, 0}, kAfter, kAtStep},
+       true},
+      {"kill-worker",
+       "the agent SIGKILLs worker rank `rank` `after` seconds after the round's workers start, or when it "
+       "reaches step at_step, in the attempt with TORCHELASTIC_RESTART_COUNT `restart` (default 0)",
+       {{"rank", ValueType::kInt, true, 0}, kAfter, kAtStep, kRestart},
+       true},
+      {"hang",
+       "the agent SIGSTOPs worker rank `rank` (a hang: its steps stop; --hang-timeout finds it) `after` seconds "
+       "after the round's workers start, or when it reaches step at_step, in the attempt `restart`",
+       {{"rank", ValueType::kInt, true, 0}, kAfter, kAtStep, kRestart},
+       true},
+      {"kill-master",
+       "the job's master process is SIGKILLed `after` seconds after it starts, or when every node reached step "
+       "at_step (needs --journal DIR: the master restarts from it)",
+       {kAfter, kAtStep},
+       true},
       {"nan", "worker rank `rank` reports a NaN loss (ballast.step(step, loss=)) at step at_step, in the attempt "
               "with TORCHELASTIC_RESTART_COUNT `restart` (default 0)",
-       {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0},
-        {"restart", ValueType::kInt, false, 0}}},
+       {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0}, kRestart}},
       {"bitflip", "worker rank `rank` flips one bit of its first parameter at step at_step (ballast.step(step, "
                   "model=)): silent data corruption, found by the fingerprint checks",
-       {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0},
-        {"restart", ValueType::kInt, false, 0}}},
+       {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0}, kRestart}},
   };
   return *kinds;
 }
@@ -77,6 +100,14 @@ const ChaosFault* ChaosSpec::Find(const std::string& kind, int node) const {
   return nullptr;
 }
 
+std::vector<const ChaosFault*> ChaosSpec::All(const std::string& kind) const {
+  std::vector<const ChaosFault*> out;
+  for (const auto& f : faults) {
+    if (f.kind == kind && f.incarnation == incarnation) out.push_back(&f);
+  }
+  return out;
+}
+
 absl::StatusOr<ChaosSpec> ChaosSpecFromEnv() {
   const char* text = std::getenv(kChaosEnv);
   absl::StatusOr<ChaosSpec> spec = ParseChaosSpec(text != nullptr ? text : "");
@@ -94,7 +125,14 @@ std::string ChaosKindsHelp() {
   std::vector<std::string> parts;
   for (const auto& k : Kinds()) {
     std::vector<std::string> keys;
-    for (const auto& key : k.keys) keys.push_back(absl::StrCat(key.name, "=", key.type == ValueType::kInt ? "N" : "F"));
+    std::vector<std::string> optional;
+    for (const auto& key : k.keys) {
+      if (k.trigger && (std::string(key.name) == "after" || std::string(key.name) == "at_step")) continue;
+      std::string kv = absl::StrCat(key.name, "=", key.type == ValueType::kInt ? "N" : "F");
+      (key.required ? keys : optional).push_back(std::move(kv));
+    }
+    if (k.trigger) keys.push_back("after=F|at_step=N");
+    for (auto& o : optional) keys.push_back(absl::StrCat("[", o, "]"));
     parts.push_back(absl::StrCat(k.kind, ":", absl::StrJoin(keys, ",")));
   }
   return absl::StrCat(absl::StrJoin(parts, "; "), " (each also takes incarnation=K: the K-th agent of the node)");
@@ -153,6 +191,11 @@ absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text) {
         return absl::InvalidArgumentError(
             absl::StrCat("chaos spec \"", text, "\": ", kind, " needs ", k.name, "= (usage: ", ChaosKindsHelp(), ")"));
       }
+    }
+    if (def->trigger && fault.params.count("after") + fault.params.count("at_step") != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("chaos spec \"", text, "\": ", kind,
+                                                     " needs exactly one trigger, after=SECONDS or at_step=STEP (usage: ",
+                                                     ChaosKindsHelp(), ")"));
     }
     spec.faults.push_back(std::move(fault));
   }

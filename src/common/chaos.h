@@ -6,6 +6,10 @@
 //   "kill-agent:node=0,after=5"             node 0's agent SIGKILLs itself 5 s after
 //                                           its workers first start (a lost node)
 //   "check-fail:node=1,incarnation=2"       the first replacement of node 1 fails
+//   "kill-agent:node=1,at_step=20"          node 1's agent SIGKILLs itself when its workers reach step 20
+//   "kill-worker:rank=2,at_step=7"          the agent SIGKILLs worker rank 2 when it reaches step 7
+//   "hang:rank=1,after=3"                   the agent SIGSTOPs worker rank 1 3 s after the round starts
+//   "kill-master:at_step=10"                launch --journal SIGKILLs its master process at step 10
 //   "nan:rank=3,at_step=40"                 worker rank 3 reports a NaN loss at step 40
 //                                           (applied by the worker: python/ballast/health.py)
 // `ballast launch --chaos SPEC` hands the spec to its agents as BALLAST_CHAOS
@@ -47,6 +51,9 @@ struct ChaosSpec {
   bool empty() const { return faults.empty(); }
   // The first fault of `kind` aimed at `node` and this incarnation, or nullptr.
   const ChaosFault* Find(const std::string& kind, int node) const;
+  // Every fault of `kind` for this incarnation (rank-keyed kinds such as
+  // kill-worker, and kill-master).
+  std::vector<const ChaosFault*> All(const std::string& kind) const;
 };
 
 // Parses "kind:key=val,key=val;kind2:...". Empty or blank text is an empty

@@ -61,6 +61,25 @@ TEST(ChaosSpec, IncarnationPicksWhichAgentOfANodeIsHit) {
   EXPECT_EQ(ParseChaosSpec("kill-agent:node=1").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ChaosSpec, TriggeredKindsNeedExactlyOneOfAfterOrAtStep) {
+  auto s = ParseChaosSpec("kill-worker:rank=2,at_step=7;hang:rank=0,after=1.5,restart=1;kill-master:at_step=3");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->All("kill-worker").size(), 1u);
+  EXPECT_DOUBLE_EQ(s->All("kill-worker")[0]->Number("at_step", 0), 7);
+  EXPECT_DOUBLE_EQ(s->All("hang")[0]->Number("restart", 0), 1);
+  EXPECT_EQ(s->All("kill-master").size(), 1u);
+  EXPECT_TRUE(s->All("nan").empty());
+  for (const char* bad : {"kill-worker:rank=2", "kill-worker:rank=2,after=1,at_step=3", "hang:after=1",
+                          "kill-master:", "kill-agent:node=0,at_step=-1"}) {
+    auto r = ParseChaosSpec(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  auto r = ParseChaosSpec("kill-worker:rank=2");
+  EXPECT_NE(r.status().message().find("after=SECONDS or at_step=STEP"), std::string::npos) << r.status();
+  EXPECT_NE(ChaosKindsHelp().find("kill-worker:rank=N,after=F|at_step=N,[restart=N]"), std::string::npos)
+      << ChaosKindsHelp();
+}
+
 TEST(ChaosSpec, FromEnvReadsSpecAndIncarnation) {
   setenv(kChaosEnv, "check-fail:node=0,incarnation=3", 1);
   setenv(kChaosIncarnationEnv, "3", 1);

@@ -28,4 +28,11 @@ struct StackSummary {
 // threads reaching "<module>" (several dumps), the current thread's is used.
 StackSummary SummarizeStackDump(const std::string& text);
 
+// Which hung rank to blame first (lower first): 0 stopped outside any
+// collective (the others wait for it); 1 no stack dump (it did not answer:
+// stopped by a signal, or stuck outside Python); 2 waiting in a collective.
+inline int HangBlameTier(bool stack_found, bool in_collective) {
+  return !stack_found ? 1 : (in_collective ? 2 : 0);
+}
+
 }  // namespace ballast::health

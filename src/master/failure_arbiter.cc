@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/limits.h"
 #include "health/failure_class.h"
+#include "health/stack_dump.h"
 
 namespace ballast::master {
 
@@ -65,9 +66,9 @@ std::string FailureArbiter::OrderForBlame(std::vector<Held>* reports) {
   auto key = [](const Held& h) {
     const v1::FailureReport& r = h.report;
     const bool hang = IsHangReport(r);
-    const bool victim = !r.hang_stack_found() || r.hang_in_collective();
     const int cls = FaultPolicy::IsHealthReport(r) ? 0 : (hang ? 1 : 2);
-    return std::make_tuple(cls, hang && victim ? 1 : 0, hang ? r.hang_last_step() : 0,
+    return std::make_tuple(cls, hang ? health::HangBlameTier(r.hang_stack_found(), r.hang_in_collective()) : 0,
+                           hang ? r.hang_last_step() : 0,
                            hang ? -r.hang_idle_s() : 0.0);
   };
   std::stable_sort(reports->begin(), reports->end(), [&](const Held& a, const Held& b) { return key(a) < key(b); });
@@ -90,7 +91,9 @@ std::string FailureArbiter::OrderForBlame(std::vector<Held>* reports) {
       absl::StrCat(blamed.stderr_tail(), "; also hung, waiting for it: ", absl::StrJoin(others, "; ")));
   return absl::StrCat(others.size() + 1, " nodes hung together; blaming rank ", blamed.global_rank(), " on node ",
                       blamed.node_id(),
-                      blamed.hang_stack_found() && !blamed.hang_in_collective() ? " (outside any collective)" : "",
+                      blamed.hang_stack_found()
+                          ? (blamed.hang_in_collective() ? "" : " (outside any collective)")
+                          : " (it did not answer the stack dump: stopped, or stuck outside Python)",
                       "; also hung: ", absl::StrJoin(others, "; "));
 }
 

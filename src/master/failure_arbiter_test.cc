@@ -81,6 +81,16 @@ TEST(FailureArbiter, BlamesTheHungRankOutsideACollectiveFirst) {
   EXPECT_NE(reports[0].report.stderr_tail().find("waiting in a collective at all_reduce"), std::string::npos);
 }
 
+TEST(FailureArbiter, ThenAHungRankThatDidNotAnswerTheStackDump) {
+  v1::FailureReport silent = Hang("b", 2, 9, false);
+  silent.set_hang_stack_found(false);  // SIGSTOPped: no dump, at a higher step
+  std::vector<FailureArbiter::Held> reports = {{Hang("a", 0, 5, /*in_collective=*/true), "h", 0},
+                                               {silent, "h", 0}};
+  const std::string line = FailureArbiter::OrderForBlame(&reports);
+  EXPECT_EQ(reports[0].report.node_id(), "b");
+  EXPECT_NE(line.find("blaming rank 2 on node b (it did not answer the stack dump"), std::string::npos) << line;
+}
+
 TEST(FailureArbiter, DetectionCountsTheHeldTimeAndAHangsIdleTime) {
   v1::FailureReport r = Report("a", 1);
   r.set_seen_age_s(0.25);

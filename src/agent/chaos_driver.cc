@@ -1,0 +1,82 @@
+#include "agent/chaos_driver.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ballast::agent {
+
+ChaosDriver::ChaosDriver(ChaosSpec spec, int node_rank) {
+  if (const ChaosFault* f = spec.Find("kill-agent", node_rank); f != nullptr) {
+    faults_.push_back({*f, ChaosAction::Kind::kKillAgent});
+  }
+  for (const ChaosFault* f : spec.All("kill-worker")) faults_.push_back({*f, ChaosAction::Kind::kKillWorker});
+  for (const ChaosFault* f : spec.All("hang")) faults_.push_back({*f, ChaosAction::Kind::kStopWorker});
+}
+
+void ChaosDriver::RoundStarted(uint64_t now_ns, int restart_count) {
+  if (first_round_ns_ == 0) first_round_ns_ = now_ns;
+  round_ns_ = now_ns;
+  restart_count_ = restart_count;
+}
+
+std::string ChaosDriver::Describe(const ChaosFault& f) const {
+  std::vector<std::string> kv;
+  if (f.node >= 0) kv.push_back(absl::StrCat("node=", f.node));
+  // As users write it: who first, then when.
+  for (const char* key : {"rank", "after", "at_step", "restart"}) {
+    if (auto it = f.params.find(key); it != f.params.end()) kv.push_back(absl::StrCat(key, "=", it->second));
+  }
+  return absl::StrCat(f.kind, ":", absl::StrJoin(kv, ","));
+}
+
+std::vector<ChaosAction> ChaosDriver::Due(uint64_t now_ns, const std::vector<Worker>& workers) {
+  std::vector<ChaosAction> out;
+  if (round_ns_ == 0) return out;
+  for (Pending& p : faults_) {
+    if (p.fired) continue;
+    const ChaosFault& f = p.fault;
+    const bool by_step = f.params.count("at_step") > 0;
+    const double after_s = f.Number("after", 0);
+    const uint64_t at_step = static_cast<uint64_t>(f.Number("at_step", 0));
+    if (p.kind == ChaosAction::Kind::kKillAgent) {
+      bool due = false;
+      std::string why;
+      if (by_step) {
+        // The node's lowest step: every worker of the node got there.
+        uint64_t lowest = UINT64_MAX;
+        bool all = !workers.empty();
+        for (const Worker& w : workers) {
+          if (!w.stepped) all = false;
+          lowest = std::min(lowest, w.step);
+        }
+        due = all && lowest >= at_step;
+        if (due) why = absl::StrCat("its workers at step ", lowest);
+      } else {
+        due = now_ns >= first_round_ns_ + static_cast<uint64_t>(after_s * 1e9);
+        if (due) why = absl::StrCat(after_s, " s after its workers first started");
+      }
+      if (!due) continue;
+      p.fired = true;
+      out.push_back({p.kind, -1, -1, absl::StrCat(Describe(f), " (", why, ")")});
+      continue;
+    }
+    const int rank = static_cast<int>(f.Number("rank", -1));
+    if (static_cast<int>(f.Number("restart", 0)) != restart_count_) continue;
+    auto w = std::find_if(workers.begin(), workers.end(), [&](const Worker& x) { return x.global_rank == rank; });
+    if (w == workers.end() || !w->running || w->pid <= 0) continue;
+    bool due = by_step ? (w->stepped && w->step >= at_step)
+                       : now_ns >= round_ns_ + static_cast<uint64_t>(after_s * 1e9);
+    if (!due) continue;
+    p.fired = true;
+    out.push_back({p.kind, w->pid, rank,
+                   absl::StrCat(Describe(f), " (rank ", rank, ", pid ", w->pid,
+                                by_step ? absl::StrCat(", at step ", w->step)
+                                        : absl::StrCat(", ", after_s, " s into the round"),
+                                ")")});
+  }
+  return out;
+}
+
+}  // namespace ballast::agent

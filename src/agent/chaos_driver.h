@@ -1,0 +1,71 @@
+// The chaos drills an agent injects (common/chaos.h), each once:
+//   kill-agent:node=N,...    this agent SIGKILLs itself (a lost node)
+//   kill-worker:rank=R,...   SIGKILL to worker rank R (a crashed worker)
+//   hang:rank=R,...          SIGSTOP to worker rank R (a hung worker: its
+//                            steps stop and --hang-timeout finds it)
+// triggered `after` seconds after the round's workers start (kill-agent: the
+// first round's) or when the step reaches at_step (the worker's own step;
+// kill-agent: the node's lowest). A worker fault hits the attempt whose
+// TORCHELASTIC_RESTART_COUNT is its `restart` (default 0), so the restarted
+// workers train on.
+//
+// The driver decides; the agent sends the signals (Due returns them), so the
+// decisions are unit-tested without processes.
+//
+// Thread safety: not thread-safe; the agent's loop calls it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/chaos.h"
+
+namespace ballast::agent {
+
+struct ChaosAction {
+  enum class Kind { kKillAgent, kKillWorker, kStopWorker };
+  Kind kind = Kind::kKillWorker;
+  pid_t pid = -1;        // the worker's (kKillAgent: -1, this process)
+  int global_rank = -1;  // the worker's rank (kKillAgent: -1)
+  std::string what;      // for the log: "kill-worker:rank=2,at_step=7 (rank 2 at step 7)"
+};
+
+class ChaosDriver {
+ public:
+  ChaosDriver(ChaosSpec spec, int node_rank);
+
+  // Whether any fault here could ever fire on this node.
+  bool armed() const { return !faults_.empty(); }
+
+  // A round's workers started (CLOCK_MONOTONIC ns) in the attempt with
+  // this restart count.
+  void RoundStarted(uint64_t now_ns, int restart_count);
+
+  struct Worker {
+    int global_rank = 0;
+    pid_t pid = -1;
+    bool running = true;
+    bool stepped = false;  // reported a step this round
+    uint64_t step = 0;
+  };
+  // The faults due now, each returned once.
+  std::vector<ChaosAction> Due(uint64_t now_ns, const std::vector<Worker>& workers);
+
+ private:
+  struct Pending {
+    ChaosFault fault;
+    ChaosAction::Kind kind;
+    bool fired = false;
+  };
+  std::string Describe(const ChaosFault& f) const;
+
+  std::vector<Pending> faults_;
+  uint64_t first_round_ns_ = 0;
+  uint64_t round_ns_ = 0;
+  int restart_count_ = 0;
+};
+
+}  // namespace ballast::agent

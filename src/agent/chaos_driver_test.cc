@@ -1,0 +1,84 @@
+#include "agent/chaos_driver.h"
+
+#include <gtest/gtest.h>
+
+namespace ballast::agent {
+namespace {
+
+constexpr uint64_t kSec = 1000000000ULL;
+
+ChaosSpec Spec(const std::string& text, int incarnation = 1) {
+  auto s = ParseChaosSpec(text);
+  EXPECT_TRUE(s.ok()) << s.status();
+  s->incarnation = incarnation;
+  return *s;
+}
+
+TEST(ChaosDriverTest, KillWorkerAtStepFiresOnceForItsRankInItsAttempt) {
+  ChaosDriver d(Spec("kill-worker:rank=3,at_step=7"), /*node_rank=*/1);
+  ASSERT_TRUE(d.armed());
+  d.RoundStarted(10 * kSec, /*restart_count=*/0);
+  std::vector<ChaosDriver::Worker> w = {{2, 100, true, true, 9}, {3, 101, true, true, 6}};
+  EXPECT_TRUE(d.Due(11 * kSec, w).empty());  // rank 3 at step 6
+  w[1].step = 8;                              // polled after it passed 7
+  auto due = d.Due(12 * kSec, w);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].kind, ChaosAction::Kind::kKillWorker);
+  EXPECT_EQ(due[0].pid, 101);
+  EXPECT_EQ(due[0].global_rank, 3);
+  EXPECT_NE(due[0].what.find("at step 8"), std::string::npos) << due[0].what;
+  EXPECT_TRUE(d.Due(13 * kSec, w).empty());  // once
+  // The restarted attempt (restart count 1) trains on.
+  d.RoundStarted(14 * kSec, 1);
+  EXPECT_TRUE(d.Due(15 * kSec, w).empty());
+}
+
+TEST(ChaosDriverTest, WorkerFaultWaitsForItsRestartAndSkipsOtherNodesRanks) {
+  ChaosDriver d(Spec("hang:rank=0,after=2,restart=1"), 0);
+  d.RoundStarted(1 * kSec, 0);
+  std::vector<ChaosDriver::Worker> w = {{0, 50, true, false, 0}};
+  EXPECT_TRUE(d.Due(10 * kSec, w).empty());  // attempt 0
+  d.RoundStarted(20 * kSec, 1);
+  EXPECT_TRUE(d.Due(21 * kSec, w).empty());  // 1 s into the round
+  auto due = d.Due(22 * kSec, w);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].kind, ChaosAction::Kind::kStopWorker);
+  EXPECT_EQ(due[0].pid, 50);
+  // A rank this node does not hold never fires here.
+  ChaosDriver other(Spec("kill-worker:rank=5,after=1"), 0);
+  other.RoundStarted(1 * kSec, 0);
+  EXPECT_TRUE(other.Due(100 * kSec, w).empty());
+  // Nor does a worker that already exited.
+  ChaosDriver exited(Spec("kill-worker:rank=0,after=1"), 0);
+  exited.RoundStarted(1 * kSec, 0);
+  EXPECT_TRUE(exited.Due(100 * kSec, {{0, 50, false, true, 3}}).empty());
+}
+
+TEST(ChaosDriverTest, KillAgentByTimeCountsFromTheFirstRoundAndByStepFromTheNodesLowest) {
+  ChaosDriver timed(Spec("kill-agent:node=2,after=5"), 2);
+  timed.RoundStarted(10 * kSec, 0);
+  timed.RoundStarted(13 * kSec, 1);  // a restart does not re-arm it
+  EXPECT_TRUE(timed.Due(14 * kSec, {}).empty());
+  auto due = timed.Due(15 * kSec, {});
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].kind, ChaosAction::Kind::kKillAgent);
+
+  ChaosDriver stepped(Spec("kill-agent:node=2,at_step=4"), 2);
+  stepped.RoundStarted(1 * kSec, 0);
+  std::vector<ChaosDriver::Worker> w = {{4, 1, true, true, 5}, {5, 2, true, true, 3}};
+  EXPECT_TRUE(stepped.Due(2 * kSec, w).empty());  // the node's lowest is 3
+  w[1].step = 4;
+  EXPECT_EQ(stepped.Due(3 * kSec, w).size(), 1u);
+
+  EXPECT_FALSE(ChaosDriver(Spec("kill-agent:node=2,after=5"), 1).armed());     // another node
+  EXPECT_FALSE(ChaosDriver(Spec("kill-worker:rank=0,after=1", 2), 0).armed());  // a replacement's agent
+  EXPECT_TRUE(ChaosDriver(Spec("kill-worker:rank=0,after=1,incarnation=2", 2), 0).armed());
+}
+
+TEST(ChaosDriverTest, NothingFiresBeforeARound) {
+  ChaosDriver d(Spec("kill-agent:node=0,after=1"), 0);
+  EXPECT_TRUE(d.Due(100 * kSec, {}).empty());
+}
+
+}  // namespace
+}  // namespace ballast::agent

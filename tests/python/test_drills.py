@@ -1,0 +1,87 @@
+"""Chaos drills with step triggers under `ballast launch` (--chaos):
+kill-worker, hang, kill-agent (a lost node) and kill-master, each on a
+2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
+and an ElasticSampler (tests/integration/scripts/health_train.py).
+
+Each job must finish with its weights bitwise equal to a run without the
+fault (nothing trained twice or skipped, no NaN), blame the injected rank or
+node, resume from a step no older than the fault's, and end with a chaos
+report saying what was injected and what the job did. The drills of training
+health (nan, bitflip) are in test_health.py.
+"""
+
+import os
+import subprocess
+import unittest
+
+from _health_job import BIN, SCRIPT, HealthJob
+
+
+class ChaosDrills(HealthJob):
+    def finished_like_the_clean_run(self, rc, log, events, clean):
+        self.assertEqual(rc, 0, log[-8000:])
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"], done["finite"]), ("done", clean["step"], True), done)
+        self.assertEqual(done["sha256"], clean["sha256"], "the drill must not change what the job trained")
+        return [e for e in events if e["ev"] == "start"]
+
+    def test_worker_kill_and_hang_at_a_step_restart_in_place_from_memory(self):
+        clean = self.reference("")
+        # Rank 1 (node 0) is SIGKILLed at step 5; in the restarted attempt
+        # rank 2 (node 1) is SIGSTOPped at step 9 and found by --hang-timeout.
+        rc, log, events, _ = self.launch("worker", "--hang-timeout", "3", "--chaos",
+                                         "kill-worker:rank=1,at_step=5;hang:rank=2,at_step=9,restart=1")
+        starts = self.finished_like_the_clean_run(rc, log, events, clean)
+        self.assertRegex(log, r"chaos: kill-worker:rank=1,at_step=5 \(rank 1, pid \d+, at step \d+\): SIGKILL to "
+                              r"worker rank 1 node=node-0")
+        self.assertRegex(log, r"chaos: hang:rank=2,at_step=9,restart=1 \(rank 2, pid \d+, at step \d+\): SIGSTOP")
+        self.assertEqual([s["source"] for s in starts], [None, "memory", "memory"], starts)
+        self.assertGreaterEqual(starts[1]["step"], 5)  # nothing saved before the kill is lost
+        self.assertGreaterEqual(starts[2]["step"], 9)
+        self.assertRegex(log, r"chaos: injected kill-worker:rank=1,at_step=5;hang:rank=2,at_step=9,restart=1; the job "
+                              r"responded:\n  [\d.]+ s, round 1: killed, rank 1 on node node-0 \(node rank 0\): killed "
+                              r"by SIGKILL \(signal 9\) -> restart; .*\n  [\d.]+ s, round 2: hang, rank 2 on node node-1 "
+                              r"\(node rank 1\): hung \(no progress\)")
+        self.assertIn("blaming rank 2 on node node-1 (it did not answer the stack dump", log)
+        self.assertIn("2 failures (1 hang, 1 killed)", log)
+
+    def test_a_node_lost_at_a_step_is_replaced_and_resumes_from_replicas(self):
+        clean = self.reference("")
+        rc, log, events, _ = self.launch("node", "--chaos", "kill-agent:node=1,at_step=5")
+        starts = self.finished_like_the_clean_run(rc, log, events, clean)
+        self.assertRegex(log, r"chaos: kill-agent:node=1,at_step=5 \(its workers at step \d+\): SIGKILL to this agent")
+        self.assertEqual(len(starts), 2, starts)
+        # Node 0's own steps and its replicas of node 1's, which trail the
+        # steps by the replication lag: newer than the last persisted step (3).
+        self.assertEqual(starts[1]["source"], "memory")
+        self.assertGreaterEqual(starts[1]["step"], 3)
+        self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: node-lost, node node-1 \(node rank 1\)")
+
+    def test_the_master_killed_at_a_step_costs_no_worker_restart(self):
+        args = ["--steps", "30", "--step-time", "0.08"]
+        rc, log, events, out = self.launch("master", "--journal", os.path.join(self.tmp, "journal"), "--chaos", "kill-master:at_step=6",
+                                           script_args=args)
+        self.assertEqual(rc, 0, log[-8000:])
+        self.assertRegex(log, r"chaos: kill-master \(every node at step \d+ or later\): SIGKILL to the master process")
+        self.assertIn("restarting it from the journal", log)
+        self.assertIn("the job master restarted and resumed the job from its journal", log)
+        starts = [e for e in events if e["ev"] == "start"]
+        self.assertEqual(len(starts), 1, starts)  # the workers never restarted
+        self.assertEqual((events[-1]["step"], events[-1]["finite"]), (30, True))
+        self.assertIn("the master process died 1 time(s) and was restarted from its journal (worker restarts in "
+                      "the whole job: 0)", log)
+
+    def test_bad_drills_get_a_clear_error(self):
+        for spec, want in (("kill-worker:rank=1", "kill-worker needs exactly one trigger, after=SECONDS or "
+                                                   "at_step=STEP"),
+                           ("hang:rank=1,after=2,at_step=3", "hang needs exactly one trigger"),
+                           ("kill-master:after=3", "--chaos kill-master needs --journal DIR"),
+                           ("slowness:rank=1", 'unknown fault kind "slowness"')):
+            p = subprocess.run([BIN, "launch", "--nodes", "1", "--chaos", spec, SCRIPT], capture_output=True,
+                               text=True, timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(want, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
