@@ -46,7 +46,20 @@ attempt with TORCHELASTIC_RESTART_COUNT K) on the first agent of the rank's
 node (``incarnation=K``, as for node faults):
 ``nan:rank=R,at_step=S`` rank R reports a NaN loss at step S;
 ``bitflip:rank=R,at_step=S`` rank R flips one bit of its first parameter at
-step S (needs ``model=``): a silent divergence only the fingerprints see.
+step S (needs ``model=``): a silent divergence only the fingerprints see;
+``slow:rank=R,factor=F,at_step=S`` (or ``after=T`` seconds) rank R's forward
+passes take F times as long from then on (needs ``model=``): a runtime
+straggler, which ``--exclude-stragglers`` replaces.
+
+Runtime stragglers: with ``model=`` (an nn.Module) each rank also times its
+forward passes (hooks on the model, or on a DDP wrapper's module, whose
+forward does no communication) and publishes the median of the last 16; the
+master compares the nodes' slowest ranks: the step time of synchronous
+training is the same on every rank, the compute time is not. A node slower
+than BALLAST_STRAGGLER_FACTOR (2) x the median is a straggler (``ballast
+status``); with ``--exclude-stragglers`` one that stays so for 3 checks in a
+row (about 3 s) is excluded and replaced. Cost: two clock reads and a
+callback per forward pass.
 """
 
 import collections
@@ -104,6 +117,90 @@ def _chaos_steps(kind):
     return steps
 
 
+def _chaos_slow():
+    """(factor, at_step, after_s) of a slow fault on this rank (BALLAST_CHAOS), or None."""
+    spec = os.environ.get("BALLAST_CHAOS", "")
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    incarnation = int(os.environ.get("BALLAST_CHAOS_INCARNATION", "1") or 1)
+    for fault in spec.split(";"):
+        name, _, args = fault.strip().partition(":")
+        if name.strip() != "slow":
+            continue
+        kv = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
+        try:
+            if (int(kv["rank"]) == rank and int(kv.get("restart", 0)) == attempt
+                    and int(kv.get("incarnation", 1)) == incarnation):
+                return (float(kv["factor"]), int(kv["at_step"]) if "at_step" in kv else None,
+                        float(kv["after"]) if "after" in kv else None)
+        except (KeyError, ValueError):
+            raise ValueError(f"BALLAST_CHAOS: bad slow fault {fault!r}: "
+                             "slow:rank=R,factor=F,after=T|at_step=S[,restart=K]") from None
+    return None
+
+
+class _ComputeTimer:
+    """Times this rank's forward passes with hooks on the model (inside a DDP
+    wrapper: its module, whose forward does no communication) and publishes
+    the median of the last 16 in the progress cell (compute_ns), for the
+    master's runtime straggler check: the step time is the same on every rank
+    of synchronous training, the compute time is not. On an accelerator the
+    passes are timed with its events, read once they completed."""
+
+    def __init__(self, model, slow):
+        inner = getattr(model, "module", None)
+        self.module = inner if isinstance(inner, torch.nn.Module) else model
+        self.recent = collections.deque(maxlen=16)
+        self.calls = 0
+        self.t0 = 0
+        self.pending = collections.deque()
+        self.cuda = any(p.is_cuda for p in self.module.parameters())
+        self.slow = slow          # chaos: (factor, at_step, after_s) or None
+        self.factor = 1.0
+        self.started = time.monotonic()
+        self.module.register_forward_pre_hook(self._pre)
+        self.module.register_forward_hook(self._post)
+
+    def at_step(self, step):
+        if self.slow is None or self.factor != 1.0:
+            return
+        factor, at_step, after = self.slow
+        if (at_step is not None and step >= at_step) or (after is not None and
+                                                          time.monotonic() - self.started >= after):
+            self.factor = factor
+            print(f"ballast chaos: slow: rank {os.environ.get('RANK', '0')}'s forward passes take {factor:g}x as "
+                  f"long from step {step} on", file=sys.stderr, flush=True)
+
+    def _pre(self, module, args):
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.t0 = start
+        else:
+            self.t0 = time.perf_counter_ns()
+
+    def _post(self, module, args, out):
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pending.append((self.t0, end))
+            while self.pending and self.pending[0][1].query():
+                a, b = self.pending.popleft()
+                self._add(int(a.elapsed_time(b) * 1e6))
+            return
+        dt = time.perf_counter_ns() - self.t0
+        if self.factor != 1.0:  # chaos slow: this rank computes factor x slower
+            time.sleep(dt * (self.factor - 1.0) / 1e9)
+            dt = time.perf_counter_ns() - self.t0
+        self._add(dt)
+
+    def _add(self, ns):
+        self.recent.append(ns)
+        self.calls += 1
+        if self.calls % 4 == 0 or self.calls < 4:
+            _C.progress_compute(sorted(self.recent)[len(self.recent) // 2])
+
+
 class _Watch:
     def __init__(self):
         self.mode = os.environ.get("BALLAST_ON_NAN", "rollback")
@@ -117,6 +214,7 @@ class _Watch:
         self.check_every = int(os.environ.get("BALLAST_REPLICA_CHECK_EVERY", "100") or 0)
         self.under_agent = bool(os.environ.get("BALLAST_PROGRESS_SHM"))
         self.reported = False
+        self.compute = None  # _ComputeTimer, from the first ballast.step(model=) of an nn.Module
 
     def check(self, step, value):
         """None, or (kind, median, z) when `value` is a bad loss."""
@@ -247,6 +345,10 @@ def observe_model(step, model):
     if _watch is None:
         _watch = _Watch()
     w = _watch
+    if w.compute is None and w.under_agent and isinstance(model, torch.nn.Module):
+        w.compute = _ComputeTimer(model, _chaos_slow())
+    if w.compute is not None:
+        w.compute.at_step(step)
     if w.bitflips and step in w.bitflips:
         w.bitflips.discard(step)
         name = _flip_a_bit(model)

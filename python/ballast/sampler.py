@@ -131,9 +131,10 @@ class ElasticSampler(Sampler):
     samples whose effect the saved model holds.
 
     The tail: with R samples left and W ranks, each rank gets ``ceil(R / W)``
-    indices and the last ``(-R) % W`` slots are padded with the first indices
-    of the rest (``drop_last=False``: as ``DistributedSampler``, up to W - 1
-    samples are trained twice, in the epoch's last step), or each rank gets
+    indices and the last ``(-R) % W`` slots are padded with the epoch's first
+    indices (``drop_last=False``: as ``DistributedSampler``, up to W - 1
+    samples are trained twice, in the epoch's last step; the same ones
+    whether or not the epoch was resumed), or each rank gets
     ``R // W`` and the last ``R % W`` samples of the permutation are skipped
     (``drop_last=True``). Either way, once a rank's share is consumed the
     epoch is complete (position = ``len(dataset)``): a world of another size
@@ -241,9 +242,12 @@ class ElasticSampler(Sampler):
         total = per_rank * self.num_replicas
         order = self.permutation()
         rest = [order[i] for i in self._rest(self.position)]
-        if total > len(rest):  # pad, as DistributedSampler
+        if total > len(rest):  # pad, as DistributedSampler: with the epoch's first samples
             pad = total - len(rest)
-            rest += (rest * math.ceil(pad / len(rest)))[:pad]
+            # The same ones whether or not the epoch was resumed (a resumed
+            # job trains exactly what an uninterrupted one would).
+            head = [order[i] for i in self._rest(0)[:pad]]
+            rest += (head * math.ceil(pad / len(head)))[:pad]
         return iter(rest[self.rank:total:self.num_replicas])
 
     # -- progress --------------------------------------------------------------

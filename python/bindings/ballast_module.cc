@@ -962,11 +962,16 @@ PYBIND11_MODULE(_ballast, m) {
     c->fp_step.store(step, std::memory_order_release);
   }, py::arg("step"), py::arg("value"), py::arg("group"),
      "Publishes a parameter fingerprint in the progress cell (ballast.health); the agent sends it to the master.");
+  m.def("progress_compute", [](uint64_t ns) { Cell()->compute_ns.store(ns, std::memory_order_relaxed); },
+        py::arg("ns"),
+        "Publishes this rank's compute time per forward pass (ns) in the progress cell (ballast.health): the "
+        "master's runtime straggler check compares it across nodes.");
   m.def("progress_state", [] {
     ballast::ProgressCell* c = Cell();
     return py::dict(py::arg("step") = c->step.load(), py::arg("timestamp_ns") = c->timestamp_ns.load(),
                     py::arg("checkpoint_ns") = c->checkpoint_ns.load(), py::arg("reports") = c->reports.load(),
                     py::arg("ckpt_saves") = c->ckpt_saves.load(), py::arg("ckpt_stall_ns") = c->ckpt_stall_ns.load(),
+                    py::arg("compute_ns") = c->compute_ns.load(),
                     py::arg("cell") = g_cell_source);
   }, "The worker's progress cell, as the agent sees it (for tests and debugging).");
 }

@@ -859,6 +859,7 @@ void Agent::MaybeReportProgress(bool now_please) {
   report.set_round(round_);
   report.set_step(static_cast<int64_t>(sum.min_step));
   report.set_step_time_s(sum.step_time_s);
+  report.set_compute_time_s(sum.compute_time_s);
   report.set_step_age_s(now > sum.min_step_ns ? static_cast<double>(now - sum.min_step_ns) / 1e9 : 0);
   report.set_ckpt_saves(static_cast<int64_t>(sum.ckpt_saves));
   report.set_ckpt_stall_max_s(sum.ckpt_stall_max_s);

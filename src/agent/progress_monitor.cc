@@ -97,6 +97,7 @@ void ProgressMonitor::Reset() {
     c->ckpt_stall_ns.store(0, std::memory_order_relaxed);
     c->health_kind.store(0, std::memory_order_relaxed);
     c->fp_step.store(0, std::memory_order_relaxed);
+    c->compute_ns.store(0, std::memory_order_relaxed);
     c->timestamp_ns.store(0, std::memory_order_release);
   }
   baseline_.assign(num_cells_, CellSnapshot());
@@ -161,6 +162,9 @@ ProgressSummary ProgressMonitor::Summarize() {
     sum.ckpt_stall_max_s = std::max(sum.ckpt_stall_max_s, static_cast<double>(now.ckpt_stall_ns) / 1e9);
     sum.ckpt_stall_sum_s += static_cast<double>(now.ckpt_stall_ns) / 1e9;
     slowest = std::max(slowest, StepTime(baseline_[i], now));
+    sum.compute_time_s = std::max(
+        sum.compute_time_s,
+        static_cast<double>(ProgressCellAt(base_, i)->compute_ns.load(std::memory_order_relaxed)) / 1e9);
     // The baseline moves only when the worker stepped, so a slow worker's
     // steps that straddle several calls are still measured.
     if (now.timestamp_ns != baseline_[i].timestamp_ns) baseline_[i] = now;

@@ -76,6 +76,9 @@ struct ProgressSummary {
   uint64_t min_step = 0;   // the lowest step over the workers that reported one
   uint64_t min_step_ns = 0;  // CLOCK_MONOTONIC when the last worker at min_step reached it
   double step_time_s = 0;  // the slowest worker's mean step time over the interval; 0 = unknown
+  // The slowest worker's compute time per forward pass (its cell's
+  // compute_ns); 0 = no worker measures it.
+  double compute_time_s = 0;
   // Checkpoint saves since the Reset: how many (all workers), the most time
   // one worker was blocked by them, and the time summed over the workers.
   uint64_t ckpt_saves = 0;

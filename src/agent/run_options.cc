@@ -449,7 +449,7 @@ Pre-flight check:
                             a matmul + allreduce check in pairs; faulty nodes are excluded
                             and replaced (same as --precheck 1) [off]
   --precheck 0|1            0: no check, 1: the pre-flight check
-  --exclude-stragglers      also exclude nodes slower than 2x the median (else reported)
+  --exclude-stragglers      exclude nodes slower than 2x the median (pre-flight check, or at runtime)
   BALLAST_CHAOS=SPEC        fault injection, e.g. check-fail:node=1 (the node's --node-rank)
 
 Master / rendezvous:

@@ -132,7 +132,9 @@ int MasterCommand(const Args& args) {
                "Pre-flight check (matmul + allreduce in node pairs) of every node before it trains; faulty nodes "
                "are excluded and must be replaced");
   app.add_flag("--exclude-stragglers,--exclude_stragglers", opts.exclude_stragglers,
-               "With --network-check: also exclude nodes slower than 2x the median");
+               "Exclude (and so replace) stragglers: nodes slower than BALLAST_STRAGGLER_FACTOR (2) x the median, in "
+               "the pre-flight check (--network-check) or at runtime for 3 s in a row (their compute time per "
+               "forward pass, from ballast.step(step, model=))");
   // Set by `ballast launch|slurm --journal`, whose master runs in a child
   // process: the nodes its backend starts at once (MAX + spares).
   app.add_option("--expected-nodes", opts.expected_nodes, "Nodes started at once (the first round waits for them)")
@@ -179,10 +181,6 @@ int MasterCommand(const Args& args) {
   }
   if (app.count("--nnodes") == 0) {
     std::fprintf(stderr, "ballast master: --nnodes N|MIN:MAX is required (or --kubernetes-job NAME)\n");
-    return kUsageExit;
-  }
-  if (opts.exclude_stragglers && !opts.precheck) {
-    std::fprintf(stderr, "ballast master: --exclude-stragglers needs --network-check (stragglers are found by the check)\n");
     return kUsageExit;
   }
 

@@ -65,6 +65,12 @@ const std::vector<KindDef>& Kinds() {
       {"nan", "worker rank `rank` reports a NaN loss (ballast.step(step, loss=)) at step at_step, in the attempt "
               "with TORCHELASTIC_RESTART_COUNT `restart` (default 0)",
        {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0}, kRestart}},
+      {"slow",
+       "worker rank `rank`'s forward passes take `factor` times as long (ballast.step(step, model=)) from `after` "
+       "seconds after it first reports a model, or from step at_step: a runtime straggler (--exclude-stragglers "
+       "replaces its node)",
+       {{"rank", ValueType::kInt, true, 0}, {"factor", ValueType::kNumber, true, 1}, kAfter, kAtStep, kRestart},
+       true},
       {"bitflip", "worker rank `rank` flips one bit of its first parameter at step at_step (ballast.step(step, "
                   "model=)): silent data corruption, found by the fingerprint checks",
        {{"rank", ValueType::kInt, true, 0}, {"at_step", ValueType::kInt, true, 0}, kRestart}},
@@ -175,7 +181,7 @@ absl::StatusOr<ChaosSpec> ParseChaosSpec(const std::string& text) {
                                                        " is not a valid ",
                                                        kd->type == ValueType::kInt
                                                            ? absl::StrCat("integer >= ", kd->min_value)
-                                                           : std::string("number > 0")));
+                                                           : absl::StrCat("number > ", kd->min_value)));
       }
       if (key == "node") {
         fault.node = integer;

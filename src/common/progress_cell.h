@@ -57,6 +57,11 @@ struct alignas(64) ProgressCell {
   std::atomic<uint64_t> fp_step{0};
   std::atomic<uint64_t> fp_value{0};
   std::atomic<uint64_t> fp_group{0};
+  // The rank's own compute time per forward pass (ballast.step(step,
+  // model=): the median of its recent forward passes, in ns; 0 = unknown):
+  // unlike the step time, which synchronous training makes the same on
+  // every rank, it shows which rank is slow (the master's straggler check).
+  std::atomic<uint64_t> compute_ns{0};
 };
 static_assert(sizeof(ProgressCell) == 192);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

@@ -149,12 +149,13 @@ const char* FailureKindName(FailureKind kind) {
     case FailureKind::kNonFiniteLoss: return "nan";
     case FailureKind::kLossSpike: return "loss-spike";
     case FailureKind::kSilentCorruption: return "sdc";
+    case FailureKind::kStraggler: return "straggler";
   }
   return "unknown";
 }
 
 std::optional<FailureKind> ParseFailureKind(std::string_view name) {
-  for (int k = 0; k <= static_cast<int>(FailureKind::kSilentCorruption); ++k) {
+  for (int k = 0; k <= static_cast<int>(FailureKind::kStraggler); ++k) {
     if (name == FailureKindName(static_cast<FailureKind>(k))) return static_cast<FailureKind>(k);
   }
   return std::nullopt;

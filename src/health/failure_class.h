@@ -33,6 +33,7 @@ enum class FailureKind {
   kNonFiniteLoss,   // a worker reported a NaN/Inf loss (ballast.step(loss=)): a rollback, not a crash
   kLossSpike,       // a worker's loss spiked (--loss-spike): a rollback, not a crash
   kSilentCorruption,  // a rank's parameters diverged from its replicas' (fingerprints): exclude + rollback
+  kStraggler,         // a node stayed a runtime straggler (--exclude-stragglers): excluded and replaced
 };
 
 // What the supervisor knows about one failure.

@@ -100,7 +100,15 @@ FailureVerdict FaultPolicy::OnFailure(const v1::FailureReport& report, const std
     return v;
   }
   decided_round_ = report.round();
-  restarts_used -= rollbacks();  // rollbacks have a limit of their own
+  if (report.kind() == health::FailureKindName(health::FailureKind::kStraggler)) {
+    // A membership change, as for a lost node: no restart used up.
+    ++restarts_by_kind_[report.kind()];
+    return {FailureAction::kRestart,
+            absl::StrCat("excluding node ", report.node_id(), " (host ", host, "): ", report.cause(),
+                         "; the others restart without it (not counted against --max-restarts)")};
+  }
+  // Rollbacks have a limit of their own; straggler exclusions change the membership.
+  restarts_used -= rollbacks() + restarts_by_kind_[health::FailureKindName(health::FailureKind::kStraggler)];
   if (report.max_retries() >= 0 && !report.kind().empty() &&
       restarts_by_kind_[report.kind()] >= report.max_retries()) {
     return {FailureAction::kFailJob,

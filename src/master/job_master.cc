@@ -907,9 +907,12 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
                                     ? absl::StrCat(", samples ", report.health_data(), " skipped")
                                     : ""));
   }
+  const bool straggler = report.kind() == health::FailureKindName(health::FailureKind::kStraggler);
   for (const NodeId& id : exclude) {
-    ExcludeNode(id, absl::StrCat("its parameters diverged from the other replicas' (silent data corruption): ",
-                                 last_failure_.cause()));
+    ExcludeNode(id, straggler ? last_failure_.cause()
+                              : absl::StrCat("its parameters diverged from the other replicas' (silent data "
+                                             "corruption): ",
+                                             last_failure_.cause()));
   }
   // Same membership (less the excluded), unless waiting nodes make a bigger valid world.
   std::vector<NodeId> members;
@@ -922,7 +925,8 @@ void JobMaster::HandleFailure(const v1::FailureReport& report, const std::string
   } else {
     world = rdzv_.FormFrom(members);
   }
-  std::string action = rollback ? (exclude.empty() ? "rollback" : "exclude and roll back") : "restart";
+  std::string action = rollback ? (exclude.empty() ? "rollback" : "exclude and roll back")
+                                : (exclude.empty() ? "restart" : "exclude");
   if (!world.has_value()) action = rollback ? absl::StrCat(action, ", waiting for nodes") : "wait for nodes";
   rec.set_action(action);
   AddFailure(std::move(rec));
@@ -996,6 +1000,7 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
     rec->ckpt_stall_sum_s = report.ckpt_stall_sum_s();
     rec->last_step = report.step();
     rec->last_step_time_s = report.step_time_s();
+    rec->last_compute_time_s = report.compute_time_s();
     rec->progress_round = Round(report.round());
     rec->step_reached_at = now - std::max(0.0, report.step_age_s());
     rec->first_step_known = report.first_step_known();
@@ -1200,7 +1205,7 @@ void JobMaster::Tick() {
 void JobMaster::TickLocked(LostList* lost) {
   double now = clock_->Now();
   FlushProgress(now);
-  WarnNewStragglers(now);
+  CheckStragglers(now);
   std::vector<NodeId> silent = nodes_.SilentNodes();
   if (!silent.empty()) LoseNodes(silent, NodeState::kDead, "heartbeat timeout", now, lost);
   if (options_.disconnect_grace_s > 0) {

@@ -285,11 +285,22 @@ class JobMaster {
   // Const because Status() folds too: the accountant, failure log and step
   // history it feeds are a cache of the reports (hence mutable).
   void FlushProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The current round's members' step times (0: unknown), for straggler checks.
-  std::map<NodeId, double> RoundStepTimes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs a node once when it turns into a straggler (at most once a second).
-  void WarnNewStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the straggler check compares over the current round's members:
+  // their compute times per forward pass when every member reports one
+  // (ballast.step(step, model=)), else their step times (0: unknown), which
+  // synchronous training makes the same everywhere.
+  struct StragglerTimes {
+    std::map<NodeId, double> times;       // what is compared
+    bool compute = false;                 // times are compute times
+    std::map<NodeId, double> step_times;  // the step times, for the status
+  };
+  StragglerTimes RoundStragglerTimes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs a node once when it turns into a straggler (at most once a second);
+  // with exclude_stragglers, excludes (and so replaces) one that stays a
+  // straggler for kStragglerExcludeChecks checks in a row.
+  void CheckStragglers(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr double kStragglerCheckIntervalS = 1.0;
+  static constexpr int kStragglerExcludeChecks = 3;
   // Tick's work on the job state (timeouts, held failures, rounds); the lost
   // nodes' callbacks run after the lock.
   void TickLocked(LostList* lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "health/failure_class.h"
 #include "master/status_view.h"
 #include "master/straggler.h"
 #include "spdlog/spdlog.h"
@@ -22,32 +25,70 @@ void JobMaster::FlushProgress(double now) const {
   if (state_ == JobState::kRunning) WorldProgress(now);
 }
 
-std::map<NodeId, double> JobMaster::RoundStepTimes() const {
-  // Compared among the current round's members only (a step time from an
-  // older round or another world size says nothing about this one).
-  std::map<NodeId, double> step_times;
+JobMaster::StragglerTimes JobMaster::RoundStragglerTimes() const {
+  // Compared among the current round's members only (a time from an older
+  // round or another world size says nothing about this one).
+  StragglerTimes step, compute;
+  compute.compute = true;
+  bool every_compute = !world_.members.empty();
   for (const auto& m : world_.members) {
     const NodeRecord* rec = nodes_.Find(m.node_id);
-    if (rec != nullptr && rec->progress_round == round_) step_times[m.node_id] = rec->last_step_time_s;
+    const bool current = rec != nullptr && rec->progress_round == round_;
+    if (current) step.times[m.node_id] = compute.step_times[m.node_id] = rec->last_step_time_s;
+    if (current && rec->last_compute_time_s > 0) {
+      compute.times[m.node_id] = rec->last_compute_time_s;
+    } else {
+      every_compute = false;
+    }
   }
-  return step_times;
+  step.step_times = step.times;
+  return every_compute ? compute : step;
 }
 
-void JobMaster::WarnNewStragglers(double now) {
+void JobMaster::CheckStragglers(double now) {
   if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
   stragglers_checked_at_ = now;
-  const std::map<NodeId, double> step_times = RoundStepTimes();
-  const std::set<NodeId> stragglers = FindStragglers(step_times, options_.straggler_factor);
-  for (const auto& [id, step_time] : step_times) {
+  const StragglerTimes t = RoundStragglerTimes();
+  const std::set<NodeId> stragglers = FindStragglers(t.times, options_.straggler_factor);
+  const char* what = t.compute ? "compute time per forward pass" : "step time";
+  const NodeRecord* exclude = nullptr;
+  std::string why;
+  for (const auto& [id, time] : t.times) {
     NodeRecord* rec = nodes_.Find(id);
     const bool straggler = stragglers.count(id) > 0;
+    const std::string how = absl::StrFormat("%s %.4g s > %g x the median %.4g s", what, time,
+                                            options_.straggler_factor, MedianStepTime(t.times));
     // Say so once when a node turns into a straggler (status shows it always).
     if (straggler && !rec->straggler) {
-      spdlog::warn("job={} node={} round={} straggler: step time {:.3f} s > {} x the median {:.3f} s",
-                   options_.job_id, id, round_, step_time, options_.straggler_factor, MedianStepTime(step_times));
+      spdlog::warn("job={} node={} round={} straggler: {}{}", options_.job_id, id, round_, how,
+                   precheck_.exclude_stragglers ? "" : " (--exclude-stragglers would replace it)");
     }
     rec->straggler = straggler;
+    rec->straggler_checks = straggler ? rec->straggler_checks + 1 : 0;
+    // One node at a time, and never a majority (the median would be wrong).
+    if (straggler && rec->straggler_checks >= kStragglerExcludeChecks && exclude == nullptr &&
+        stragglers.size() * 2 < t.times.size()) {
+      exclude = rec;
+      why = absl::StrCat(how, " for ", rec->straggler_checks, " checks in a row");
+    }
   }
+  if (exclude == nullptr || !precheck_.exclude_stragglers || state_ != JobState::kRunning || finished() ||
+      done_.count(exclude->spec.node_id) > 0) {
+    return;
+  }
+  const MemberAssignment* m = world_.Find(exclude->spec.node_id);
+  if (m == nullptr) return;
+  v1::FailureReport r;
+  r.set_node_id(exclude->spec.node_id.str());
+  r.set_round(round_.value());
+  r.set_global_rank(-1);
+  r.set_local_rank(-1);
+  r.set_kind(health::FailureKindName(health::FailureKind::kStraggler));
+  r.set_max_retries(-1);
+  r.set_cause(absl::StrCat("a straggler at runtime (--exclude-stragglers): ", why));
+  for (auto& [id, rec] : nodes_.mutable_alive()) rec.straggler_checks = 0;
+  HandleFailure(r, exclude->spec.host, kStragglerExcludeChecks * kStragglerCheckIntervalS,
+                {exclude->spec.node_id});
 }
 
 v1::JobStatus JobMaster::Status() const {
@@ -61,8 +102,9 @@ v1::JobStatus JobMaster::Status() const {
   st.set_world_size(world_.world_size);
   st.set_restart_count(restart_count_);
   *st.mutable_spec() = spec_;
-  const std::map<NodeId, double> step_times = RoundStepTimes();
-  const std::set<NodeId> stragglers = FindStragglers(step_times, options_.straggler_factor);
+  const StragglerTimes straggler_times = RoundStragglerTimes();
+  const std::map<NodeId, double>& step_times = straggler_times.step_times;
+  const std::set<NodeId> stragglers = FindStragglers(straggler_times.times, options_.straggler_factor);
   auto add = [&](const NodeRecord& rec) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const NodeId& id = rec.spec.node_id;
     const bool spare = state_ == JobState::kRunning && rec.state == NodeState::kWaiting && !IsMember(id);

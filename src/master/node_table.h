@@ -41,7 +41,9 @@ struct NodeRecord {
   int64_t last_step = 0;
   double last_step_time_s = 0;
   Round progress_round;        // the round last_step/last_step_time_s belong to
+  double last_compute_time_s = 0;  // its slowest worker's compute time per forward pass; 0 = unknown
   bool straggler = false;      // flagged at its last progress report (for a one-time warning)
+  int straggler_checks = 0;    // consecutive straggler checks that found it a straggler
   std::string gone_reason;  // why a dead/left node is gone
   v1::StartTimeline timeline;  // its workers' last (re)start (from progress reports)
   double step_reached_at = 0;      // master clock: when last_step was reached

@@ -29,6 +29,7 @@ void AddNode(const NodeRecord& rec, const std::string& state, const std::string&
   ns->set_last_heartbeat_age_s(std::max(0.0, now - rec.last_heartbeat));  // restored nodes: ahead
   ns->set_last_step(rec.last_step);
   if (step_time_s > 0) ns->set_step_time_s(step_time_s);
+  if (rec.last_compute_time_s > 0) ns->set_compute_time_s(rec.last_compute_time_s);
   ns->set_straggler(straggler);
   if (rec.timeline.round() > 0) *ns->mutable_timeline() = rec.timeline;
 }

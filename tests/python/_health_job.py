@@ -15,11 +15,11 @@ GLOBAL_BATCH = 4 * 4  # --batch 4 on each of 4 ranks
 
 
 class HealthJob(TestCase):
-    def launch(self, name, *flags, script_args=(), env=None):
-        """(exit code, log, rank 0's events, output dir) of a 2 x 2 job."""
+    def launch(self, name, *flags, script_args=(), env=None, nodes=2, nproc=2):
+        """(exit code, log, rank 0's events, output dir) of a nodes x nproc job."""
         out = os.path.join(self.tmp, name)
         os.makedirs(out)
-        argv = [BIN, "launch", "--python", PYTHON, "--nodes", "2", "--nproc-per-node", "2", *flags,
+        argv = [BIN, "launch", "--python", PYTHON, "--nodes", str(nodes), "--nproc-per-node", str(nproc), *flags,
                 SCRIPT, "--out", out, *script_args]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=240,
                            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
@@ -30,8 +30,9 @@ class HealthJob(TestCase):
                 events = [json.loads(line) for line in f if line.strip()]
         return p.returncode, log, events, out
 
-    def reference(self, skip, script_args=()):
+    def reference(self, skip, script_args=(), **shape):
         """The same job, no fault, `skip` samples skipped from the start."""
-        rc, log, events, _ = self.launch("reference", env={"BALLAST_SKIP_DATA": skip}, script_args=script_args)
+        rc, log, events, _ = self.launch("reference", env={"BALLAST_SKIP_DATA": skip}, script_args=script_args,
+                                         **shape)
         self.assertEqual(rc, 0, log[-6000:])
         return events[-1]

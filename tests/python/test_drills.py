@@ -1,6 +1,6 @@
 """Chaos drills with step triggers under `ballast launch` (--chaos):
-kill-worker, hang, kill-agent (a lost node) and kill-master, each on a
-2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
+kill-worker, hang, kill-agent (a lost node), kill-master and slow (a runtime
+straggler, 3 nodes), each on a 2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
 and an ElasticSampler (tests/integration/scripts/health_train.py).
 
 Each job must finish with its weights bitwise equal to a run without the
@@ -71,11 +71,35 @@ class ChaosDrills(HealthJob):
         self.assertIn("the master process died 1 time(s) and was restarted from its journal (worker restarts in "
                       "the whole job: 0)", log)
 
+    def test_a_runtime_straggler_is_excluded_and_replaced(self):
+        # 3 nodes (a straggler is compared with the median of the others):
+        # rank 1's forward passes take 6x as long from step 10 on. Its node's
+        # compute time stands out (the step time is the same on every rank),
+        # and --exclude-stragglers replaces it after 3 checks in a row.
+        args = ["--steps", "150", "--step-time", "0.03"]
+        shape = dict(nodes=3, nproc=1)
+        clean = self.reference("", script_args=args, **shape)
+        rc, log, events, _ = self.launch("slow", "--exclude-stragglers", "--chaos", "slow:rank=1,factor=6,at_step=10",
+                                         script_args=args, **shape)
+        starts = self.finished_like_the_clean_run(rc, log, events, clean)
+        self.assertIn("ballast chaos: slow: rank 1's forward passes take 6x as long from step 10 on", log)
+        self.assertRegex(log, r"node=node-1 round=1 straggler: compute time per forward pass [\d.e-]+ s > 2 x the median")
+        self.assertRegex(log, r"node-1 excluded from the job: a straggler at runtime \(--exclude-stragglers\): "
+                              r"compute time per forward pass .* for 3 checks in a row")
+        self.assertRegex(log, r"replacing it with node-1-2")
+        self.assertEqual(len(starts), 2, starts)
+        self.assertEqual(starts[1]["source"], "memory")
+        self.assertGreater(starts[1]["step"], 10)
+        self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: straggler, node node-1 \(node rank 1\)")
+        self.assertNotIn("node-0 excluded", log)
+        self.assertNotIn("node-2 excluded", log)
+
     def test_bad_drills_get_a_clear_error(self):
         for spec, want in (("kill-worker:rank=1", "kill-worker needs exactly one trigger, after=SECONDS or "
                                                    "at_step=STEP"),
                            ("hang:rank=1,after=2,at_step=3", "hang needs exactly one trigger"),
                            ("kill-master:after=3", "--chaos kill-master needs --journal DIR"),
+                           ("slow:rank=1,factor=0.5,at_step=3", "slow factor=0.5 is not a valid number > 1"),
                            ("slowness:rank=1", 'unknown fault kind "slowness"')):
             p = subprocess.run([BIN, "launch", "--nodes", "1", "--chaos", spec, SCRIPT], capture_output=True,
                                text=True, timeout=30)
