@@ -226,6 +226,11 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   po.name_prefix = CkptStorePrefix(job_id, getpid());
   po.report_timeout_s = options_.tunables.ckpt_report_timeout_s;
   po.breakpoint_report_timeout_s = options_.tunables.ckpt_breakpoint_report_timeout_s;
+  if (disk_chaos_ != nullptr && disk_chaos_->armed()) {
+    po.before_write = [d = disk_chaos_.get()](uint64_t step, const std::string& dir) {
+      return d->BeforeWrite(step, dir);
+    };
+  }
   auto created = CkptPersister::Create(po, [this](const v1::ShardDurableReport& r, double timeout_s) {
     return client_->ReportShardDurable(r, timeout_s);
   });
@@ -330,7 +335,8 @@ int Agent::Run() {
       return 2;
     }
     chaos_ = std::make_unique<ChaosDriver>(*chaos, options_.run.node_rank);
-    if (chaos_->armed()) spdlog::warn("chaos: {} (node rank {})", std::getenv(kChaosEnv), options_.run.node_rank);
+    disk_chaos_ = std::make_unique<DiskChaos>(*chaos, options_.run.node_rank);
+    if (chaos_->armed() || disk_chaos_->armed()) spdlog::warn("chaos: {} (node rank {})", std::getenv(kChaosEnv), options_.run.node_rank);
     PrecheckRunnerOptions po;
     po.node_id = options_.node_id;
     po.host = options_.host;
@@ -871,6 +877,9 @@ void Agent::MaybeReportProgress(bool now_please) {
   }
   if (last_timeline_.round() > 0) *report.mutable_timeline() = last_timeline_;
   for (v1::Fingerprint& f : NewFingerprints()) *report.add_fingerprints() = std::move(f);
+  if (ckpt_ != nullptr) {
+    for (std::string& e : ckpt_->TakeWriteErrors()) report.add_persist_errors(std::move(e));
+  }
   // Best effort with a short deadline: the main loop must keep supervising.
   absl::Status s = client_->ReportProgress(report, 0.5);
   if (!s.ok()) spdlog::debug("progress report: {} {}", s.ToString(), Fmt());

@@ -177,6 +177,9 @@ class Agent {
   std::unique_ptr<WorkerGroup> workers_;
   // When warm_'s interpreters are prepared and what they preload (after Join).
   std::unique_ptr<WarmStarter> warm_starter_;
+  // Chaos disk-full/disk-error (chaos_driver.h): declared before ckpt_,
+  // which calls it from its threads, so it is destroyed after it.
+  std::unique_ptr<DiskChaos> disk_chaos_;
   // Null when flash checkpoint is off or /dev/shm is unusable. Declared after
   // client_ so it is destroyed first (its thread reports through client_).
   std::unique_ptr<CkptPersister> ckpt_;

@@ -1,9 +1,12 @@
 #include "agent/chaos_driver.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/progress_cell.h"
 
 namespace ballast::agent {
 
@@ -77,6 +80,31 @@ std::vector<ChaosAction> ChaosDriver::Due(uint64_t now_ns, const std::vector<Wor
                                 ")")});
   }
   return out;
+}
+
+DiskChaos::DiskChaos(const ChaosSpec& spec, int node_rank) : made_ns_(MonotonicNowNs()) {
+  for (const char* kind : {"disk-full", "disk-error"}) {
+    if (const ChaosFault* f = spec.Find(kind, node_rank); f != nullptr && !fault_.has_value()) {
+      fault_ = *f;
+      full_ = std::string(kind) == "disk-full";
+      left_ = static_cast<int>(f->Number("writes", 3));
+    }
+  }
+}
+
+absl::Status DiskChaos::BeforeWrite(uint64_t step, const std::string& dir) {
+  if (!fault_.has_value()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_ <= 0) return absl::OkStatus();
+  const bool due = fault_->params.count("at_step") > 0
+                       ? step >= static_cast<uint64_t>(fault_->Number("at_step", 0))
+                       : MonotonicNowNs() >= made_ns_ + static_cast<uint64_t>(fault_->Number("after", 0) * 1e9);
+  if (!due) return absl::OkStatus();
+  --left_;
+  const int err = full_ ? ENOSPC : EIO;
+  const std::string what = absl::StrCat(std::strerror(err), " (chaos ", full_ ? "disk-full" : "disk-error", ", ",
+                                        left_, " more failing write(s))");
+  return full_ ? absl::ResourceExhaustedError(what) : absl::DataLossError(what);
 }
 
 }  // namespace ballast::agent

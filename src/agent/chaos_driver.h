@@ -12,15 +12,19 @@
 // The driver decides; the agent sends the signals (Due returns them), so the
 // decisions are unit-tested without processes.
 //
-// Thread safety: not thread-safe; the agent's loop calls it.
+// Thread safety: ChaosDriver is not thread-safe (the agent's loop calls it);
+// DiskChaos is.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/chaos.h"
 
 namespace ballast::agent {
@@ -66,6 +70,28 @@ class ChaosDriver {
   uint64_t first_round_ns_ = 0;
   uint64_t round_ns_ = 0;
   int restart_count_ = 0;
+};
+
+// disk-full / disk-error:node=N (common/chaos.h): the checkpoint persister
+// of node N asks before each shard write; `writes` of them fail with ENOSPC
+// or EIO from the trigger on (after=T: seconds after the driver was made, as
+// the agent joins; at_step=S: a write of step >= S), then the disk is fine
+// again.
+//
+// Thread safety: thread-safe (the persister writes from a thread per store).
+class DiskChaos {
+ public:
+  DiskChaos(const ChaosSpec& spec, int node_rank);
+  bool armed() const { return fault_.has_value(); }
+  // OK, or the injected error for this write of `step` to `dir`.
+  absl::Status BeforeWrite(uint64_t step, const std::string& dir);
+
+ private:
+  std::optional<ChaosFault> fault_;
+  bool full_ = true;  // disk-full (ENOSPC), else disk-error (EIO)
+  uint64_t made_ns_ = 0;
+  std::mutex mu_;
+  int left_ = 0;
 };
 
 }  // namespace ballast::agent

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 namespace ballast::agent {
 namespace {
 
@@ -78,6 +81,30 @@ TEST(ChaosDriverTest, KillAgentByTimeCountsFromTheFirstRoundAndByStepFromTheNode
 TEST(ChaosDriverTest, NothingFiresBeforeARound) {
   ChaosDriver d(Spec("kill-agent:node=0,after=1"), 0);
   EXPECT_TRUE(d.Due(100 * kSec, {}).empty());
+}
+
+TEST(DiskChaosTest, FailsTheGivenNumberOfWritesFromItsStepWithTheDisksError) {
+  DiskChaos full(Spec("disk-full:node=1,at_step=6,writes=2"), 1);
+  ASSERT_TRUE(full.armed());
+  EXPECT_TRUE(full.BeforeWrite(3, "/ckpt").ok());
+  absl::Status s = full.BeforeWrite(6, "/ckpt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("No space left on device (chaos disk-full, 1 more failing write(s))"),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(full.BeforeWrite(9, "/ckpt").ok());
+  EXPECT_TRUE(full.BeforeWrite(12, "/ckpt").ok());  // the disk is fine again
+
+  DiskChaos error(Spec("disk-error:node=0,after=0.01"), 0);
+  EXPECT_TRUE(error.BeforeWrite(1, "/ckpt").ok());  // not yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 3; ++i) {  // writes=3 by default
+    absl::Status e = error.BeforeWrite(1, "/ckpt");
+    EXPECT_EQ(e.code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(e.message().find("Input/output error"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(error.BeforeWrite(1, "/ckpt").ok());
+  EXPECT_FALSE(DiskChaos(Spec("disk-full:node=1,at_step=1"), 0).armed());  // another node
 }
 
 }  // namespace

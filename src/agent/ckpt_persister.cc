@@ -140,6 +140,13 @@ void CkptPersister::PollStore(Store& s) {
   ReportPending(s, options_.report_timeout_s);
 }
 
+std::vector<std::string> CkptPersister::TakeWriteErrors() {
+  std::lock_guard<std::mutex> lock(errors_mu_);
+  std::vector<std::string> out;
+  out.swap(write_errors_);
+  return out;
+}
+
 void CkptPersister::PollStoreLocked(Store& s) {
   std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
   if (!cfg.has_value()) return;  // the worker never asked for persistence
@@ -175,6 +182,13 @@ void CkptPersister::PollStoreLocked(Store& s) {
                                std::chrono::duration<double>(options_.retry_after_s));
         const bool give_up = s.failed_attempts >= CkptPersisterOptions::kMaxWriteAttempts;
         if (give_up) s.skipped_request = requested;  // the next request tries again
+        {
+          std::lock_guard<std::mutex> lock(errors_mu_);
+          if (write_errors_.size() < 16) {
+            write_errors_.push_back(absl::StrCat("rank ", cfg->rank, ": cannot write checkpoint step ", step, " to ",
+                                                 cfg->dir, ": ", st.message()));
+          }
+        }
         spdlog::error("cannot persist checkpoint step {} to {}: {} ({}) {}", step, cfg->dir, st.ToString(),
                       give_up ? absl::StrCat("gave up on this step after ", s.failed_attempts,
                                              " attempts; the next persist request tries again")
@@ -210,6 +224,7 @@ absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const 
   RETURN_IF_ERROR(ckpt::ParseImage(pin.image(), pin.image_bytes(),
                                    absl::StrCat("shm:", ckpt::SlotStore::SlotName(s.slots->name(), pin.slot())), parse)
                       .status());
+  if (options_.before_write) RETURN_IF_ERROR(options_.before_write(step, cfg.dir));
   // The pin keeps the writer off this slot while we write it, without a copy.
   RETURN_IF_ERROR(ckpt::WriteShardFile(cfg.dir, step, cfg.rank, pin.image(), pin.image_bytes()));
   pin.Release();

@@ -85,6 +85,9 @@ struct CkptPersisterOptions {
   // How often a store with a durable step not known committed reads
   // <dir>/latest to learn of a commit another agent made.
   double latest_check_interval_s = 0.2;
+  // Asked before each shard write (chaos disk-full/disk-error: DiskChaos);
+  // an error fails that write as the disk would. Called from the store threads.
+  std::function<absl::Status(uint64_t step, const std::string& dir)> before_write;
 };
 
 // "/ballast-<8 hex of a hash of job_id>-<pid>": unique per agent process, a
@@ -99,6 +102,9 @@ int RemoveStaleAgentShmObjects(const std::string& shm_dir = "/dev/shm");
 
 class CkptPersister {
  public:
+  // The shard writes that failed since the last call, "rank R: <error>"
+  // (at most 16 kept between calls), for the agent's progress report.
+  std::vector<std::string> TakeWriteErrors();
   // Creates the stores (kUnavailable etc. when /dev/shm cannot hold them; then
   // the caller runs without agent-owned stores).
   static absl::StatusOr<std::unique_ptr<CkptPersister>> Create(CkptPersisterOptions options,
@@ -214,6 +220,8 @@ class CkptPersister {
   std::condition_variable cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;  // one per store
+  std::mutex errors_mu_;
+  std::vector<std::string> write_errors_ ABSL_GUARDED_BY(errors_mu_);
 };
 
 }  // namespace ballast::agent

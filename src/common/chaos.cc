@@ -57,6 +57,15 @@ const std::vector<KindDef>& Kinds() {
        "after the round's workers start, or when it reaches step at_step, in the attempt `restart`",
        {{"rank", ValueType::kInt, true, 0}, kAfter, kAtStep, kRestart},
        true},
+      {"disk-full",
+       "the node's agent fails `writes` (default 3) checkpoint shard writes with ENOSPC (No space left on device), "
+       "from `after` seconds after it joined or from the first persist of a step >= at_step",
+       {{"node", ValueType::kInt, true, 0}, kAfter, kAtStep, {"writes", ValueType::kInt, false, 1}},
+       true},
+      {"disk-error",
+       "as disk-full, with EIO (Input/output error): a failing disk",
+       {{"node", ValueType::kInt, true, 0}, kAfter, kAtStep, {"writes", ValueType::kInt, false, 1}},
+       true},
       {"kill-master",
        "the job's master process is SIGKILLed `after` seconds after it starts, or when every node reached step "
        "at_step (needs --journal DIR: the master restarts from it)",

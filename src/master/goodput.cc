@@ -207,7 +207,8 @@ std::string FormatFailures(const v1::JobStatus& st) {
 
 std::string FormatChaosReport(const std::string& injected, const v1::JobStatus& st) {
   std::string out = absl::StrCat("chaos: injected ", injected, "; the job ",
-                                 st.failures_size() == 0 ? "saw no failure" : "responded:");
+                                 st.failures_size() == 0 && st.persist_errors_total() == 0 ? "saw no failure"
+                                                                                            : "responded:");
   for (const auto& f : st.failures()) {
     absl::StrAppend(&out, absl::StrFormat("\n  %.1f s, round %d: %s, ", f.at_s(), f.round(), f.kind()));
     if (f.global_rank() >= 0) absl::StrAppend(&out, "rank ", f.global_rank(), " on ");
@@ -217,6 +218,11 @@ std::string FormatChaosReport(const std::string& injected, const v1::JobStatus& 
       absl::StrAppend(&out, absl::StrFormat(", training again %.2f s later, %d step(s) run again", f.resume_s(),
                                             f.steps_lost()));
     }
+  }
+  if (st.persist_errors_total() > 0) {
+    absl::StrAppend(&out, "\n  ", st.persist_errors_total(),
+                    " checkpoint write(s) failed (the agents retry them); training went on; the newest: ",
+                    st.last_persist_error());
   }
   return out;
 }

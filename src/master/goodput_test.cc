@@ -134,6 +134,14 @@ TEST(FormatChaosReport, SaysWhatWasInjectedAndWhatTheJobDid) {
             "chaos: injected nan:rank=1,at_step=6; the job responded:\n  12.3 s, round 1: nan, rank 1 on node node-0 "
             "(node rank 0): non-finite loss (nan) at step 6 -> rollback; decided 0.10 s after it was seen, training "
             "again 1.25 s later, 1 step(s) run again");
+  // Failed checkpoint writes are no failure of the job, but the report says them.
+  v1::JobStatus disk;
+  disk.set_persist_errors_total(2);
+  disk.set_last_persist_error("node node-1 (node rank 1, host h1) rank 3: cannot write checkpoint step 9 to /c: x");
+  EXPECT_EQ(FormatChaosReport("disk-full:node=1,at_step=4", disk),
+            "chaos: injected disk-full:node=1,at_step=4; the job responded:\n  2 checkpoint write(s) failed (the "
+            "agents retry them); training went on; the newest: node node-1 (node rank 1, host h1) rank 3: cannot "
+            "write checkpoint step 9 to /c: x");
 }
 
 }  // namespace

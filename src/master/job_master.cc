@@ -985,6 +985,17 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
     return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
   }
   if (report.has_timeline() && report.timeline().round() >= rec->timeline.round()) rec->timeline = report.timeline();
+  for (const std::string& e : report.persist_errors()) {
+    // The agent retries; the job trains on, its newest durable step older.
+    ++persist_errors_total_;
+    const MemberAssignment* m = world_.Find(rec->spec.node_id);
+    last_persist_error_ = absl::StrCat("node ", report.node_id(), " (node rank ", m != nullptr ? m->group_rank : -1,
+                                       ", host ", rec->spec.host, ") ", e);
+    spdlog::warn("job={} checkpoint write failed on {} (the agent retries; steps the other ranks wrote wait for it "
+                 "to commit)",
+                 options_.job_id, last_persist_error_);
+    events_.Append("persist_failed", report.round(), report.node_id(), e);
+  }
   // Progress of an older round is stale but harmless: keep the newest only.
   if (Round(report.round()) == round_) {
     const double now = clock_->Now();

@@ -414,6 +414,9 @@ class JobMaster {
   mutable FailureLog failures_ ABSL_GUARDED_BY(mu_);
   mutable StepHistory step_history_ ABSL_GUARDED_BY(mu_);
   mutable bool progress_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Checkpoint shard writes the agents reported failed (progress reports).
+  int persist_errors_total_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_persist_error_ ABSL_GUARDED_BY(mu_);
   double stragglers_checked_at_ ABSL_GUARDED_BY(mu_) = -1e18;
   // Seconds each checkpoint save blocked a worker (from progress reports).
   Histogram ckpt_save_ ABSL_GUARDED_BY(mu_){{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};

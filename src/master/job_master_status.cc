@@ -127,6 +127,8 @@ v1::JobStatus JobMaster::Status() const {
   st.set_message(message_);
   st.set_uptime_s(now - start_time_);
   st.set_precheck(precheck_.verdict);
+  st.set_persist_errors_total(persist_errors_total_);
+  st.set_last_persist_error(last_persist_error_);
   status_view::AddReplicaLocations(kv_.entries(), &st);
   status_view::FillGoodput(goodput_.Get(now), st.mutable_goodput());
   for (const auto& r : failures_.records()) *st.add_failures() = r;

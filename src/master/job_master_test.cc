@@ -1028,6 +1028,58 @@ TEST_F(JobMasterTest, StatusFlagsNodesSlowerThanFactorTimesMedian) {
   EXPECT_EQ(jm_->ReportProgress(v1::ProgressReport()).code(), absl::StatusCode::kNotFound);
 }
 
+// Synchronous training makes every node's step time the same: the compute
+// times (when every member reports one) tell the straggler, and with
+// exclude_stragglers one that stays so for 3 checks is excluded; the others
+// restart without it, and no restart is used up.
+TEST_F(JobMasterTest, ComputeTimesFindARuntimeStragglerAndExcludeStragglersReplacesIt) {
+  JobMasterOptions o = Options(2, 3, 1, /*max_restarts=*/0);
+  o.straggler_factor = 2.0;
+  o.exclude_stragglers = true;
+  std::vector<std::string> excluded;
+  o.on_node_excluded = [&](const std::string& id, const std::string&) { excluded.push_back(id); };
+  Make(o);
+  Add("a");
+  Add("b");
+  Add("c");
+  Advance(0.5);
+  const int64_t round = jm_->Status().round();
+  ASSERT_EQ(round, 1);
+  auto progress = [&](const std::string& id, double compute) {
+    v1::ProgressReport p = Progress(id, round, 10);
+    p.set_step_time_s(1.0);  // the same everywhere
+    p.set_compute_time_s(compute);
+    ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  };
+  progress("a", 0.10);
+  progress("b", 0.50);
+  v1::JobStatus st = jm_->Status();
+  for (const auto& n : st.nodes()) EXPECT_FALSE(n.straggler()) << "c reports no compute time yet: step times";
+  progress("c", 0.11);
+  st = jm_->Status();
+  std::map<std::string, std::pair<double, bool>> got;
+  for (const auto& n : st.nodes()) got[n.node_id()] = {n.compute_time_s(), n.straggler()};
+  EXPECT_THAT(got, ElementsAre(Pair("a", Pair(0.10, false)), Pair("b", Pair(0.50, true)),
+                               Pair("c", Pair(0.11, false))));
+  EXPECT_EQ(st.nodes(1).step_time_s(), 1.0);
+  Advance(1.0);
+  Advance(1.0);
+  EXPECT_TRUE(excluded.empty()) << "not 3 checks in a row yet";
+  Advance(1.0);
+  ASSERT_THAT(excluded, ElementsAre("b"));
+  st = jm_->Status();
+  EXPECT_EQ(st.state(), "running");
+  EXPECT_EQ(st.world_size(), 2);
+  EXPECT_GT(st.round(), round);
+  ASSERT_EQ(st.failures_size(), 1);
+  EXPECT_EQ(st.failures(0).kind(), "straggler");
+  EXPECT_EQ(st.failures(0).action(), "exclude");
+  EXPECT_THAT(st.failures(0).cause(),
+              HasSubstr("a straggler at runtime (--exclude-stragglers): compute time per forward pass 0.5 s > 2 x "
+                        "the median 0.11 s for 3 checks in a row"));
+  EXPECT_TRUE(Last("b").has_excluded());
+}
+
 TEST_F(JobMasterTest, StatusShowsEachNodesLastStartAndWhereReplicasAre) {
   Make(Options(2, 2));
   Add("a");

@@ -87,6 +87,9 @@ std::string PrometheusText(const MetricsInput& in) {
     }
     w.Sample("ballast_rollbacks_total", n, Label("reason", reason));
   }
+  w.Family("ballast_checkpoint_write_errors_total", "counter",
+           "Checkpoint shard writes that failed on the nodes (disk full, I/O errors); the agents retry them.");
+  w.Sample("ballast_checkpoint_write_errors_total", st.persist_errors_total());
   w.Family("ballast_failures_total", "counter", "Failures the master decided on (survived or not).");
   w.Sample("ballast_failures_total", st.failures_total());
   std::map<std::string, int> states;

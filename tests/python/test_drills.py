@@ -1,6 +1,6 @@
 """Chaos drills with step triggers under `ballast launch` (--chaos):
-kill-worker, hang, kill-agent (a lost node), kill-master and slow (a runtime
-straggler, 3 nodes), each on a 2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
+kill-worker, hang, kill-agent (a lost node), kill-master, slow (a runtime
+straggler, 3 nodes) and disk-full, each on a 2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
 and an ElasticSampler (tests/integration/scripts/health_train.py).
 
 Each job must finish with its weights bitwise equal to a run without the
@@ -93,6 +93,26 @@ class ChaosDrills(HealthJob):
         self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: straggler, node node-1 \(node rank 1\)")
         self.assertNotIn("node-0 excluded", log)
         self.assertNotIn("node-2 excluded", log)
+
+    def test_a_full_disk_costs_no_training_and_later_steps_are_written(self):
+        # Node 1's disk is full for 4 shard writes from step 4 (steps 6 and 9
+        # persist on node 0 only), and rank 2 is killed at step 10: the job
+        # restarts from memory, trains on, and step 12 is written everywhere.
+        clean = self.reference("")
+        rc, log, events, _ = self.launch("disk", "--chaos",
+                                         "disk-full:node=1,at_step=4,writes=4;kill-worker:rank=2,at_step=10")
+        starts = self.finished_like_the_clean_run(rc, log, events, clean)
+        self.assertRegex(log, r"cannot persist checkpoint step 6 to \S+: RESOURCE_EXHAUSTED: No space left on device "
+                              r"\(chaos disk-full, \d more failing write\(s\)\) \(attempt 1, retrying in 1 s\) "
+                              r"node=node-1 rank=[23]")
+        self.assertRegex(log, r"checkpoint write failed on node node-1 \(node rank 1, host [^)]+\) rank [23]: cannot "
+                              r"write checkpoint step 6")
+        self.assertEqual(len(starts), 2, starts)
+        self.assertEqual(starts[1]["source"], "memory")
+        self.assertGreaterEqual(starts[1]["step"], 10)
+        self.assertEqual(events[-1]["latest"], 12)  # the disk is fine again
+        self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: killed, rank 2 on node node-1 .*\n  4 "
+                              r"checkpoint write\(s\) failed \(the agents retry them\); training went on")
 
     def test_bad_drills_get_a_clear_error(self):
         for spec, want in (("kill-worker:rank=1", "kill-worker needs exactly one trigger, after=SECONDS or "
