@@ -58,7 +58,7 @@ class ChaosDrills(HealthJob):
         self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: node-lost, node node-1 \(node rank 1\)")
 
     def test_the_master_killed_at_a_step_costs_no_worker_restart(self):
-        args = ["--steps", "30", "--step-time", "0.08"]
+        args = ["--steps", "40", "--step-time", "0.1"]  # progress reaches the master every 2 s
         rc, log, events, out = self.launch("master", "--journal", os.path.join(self.tmp, "journal"), "--chaos", "kill-master:at_step=6",
                                            script_args=args)
         self.assertEqual(rc, 0, log[-8000:])
@@ -67,7 +67,7 @@ class ChaosDrills(HealthJob):
         self.assertIn("the job master restarted and resumed the job from its journal", log)
         starts = [e for e in events if e["ev"] == "start"]
         self.assertEqual(len(starts), 1, starts)  # the workers never restarted
-        self.assertEqual((events[-1]["step"], events[-1]["finite"]), (30, True))
+        self.assertEqual((events[-1]["step"], events[-1]["finite"]), (40, True))
         self.assertIn("the master process died 1 time(s) and was restarted from its journal (worker restarts in "
                       "the whole job: 0)", log)
 
