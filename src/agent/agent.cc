@@ -336,6 +336,18 @@ int Agent::Run() {
     }
     chaos_ = std::make_unique<ChaosDriver>(*chaos, options_.run.node_rank);
     disk_chaos_ = std::make_unique<DiskChaos>(*chaos, options_.run.node_rank);
+    if (chaos->Find("partition", options_.run.node_rank) != nullptr) {
+      // Checked now: a drill that cannot cut this node's network must not
+      // pass for one that did.
+      chaos_iface_ = IsLoopbackHost(options_.host) ? "" : InterfaceWithAddress(options_.host);
+      if (chaos_iface_.empty()) {
+        PrintError(absl::StrCat("chaos partition on node rank ", options_.run.node_rank, ": this node's address ",
+                                options_.host,
+                                " is not on a network interface of its own (loopback, or a name): run the nodes on "
+                                "separate hosts or in network namespaces, and pass --local-addr IP"));
+        return 2;
+      }
+    }
     if (chaos_->armed() || disk_chaos_->armed()) spdlog::warn("chaos: {} (node rank {})", std::getenv(kChaosEnv), options_.run.node_rank);
     PrecheckRunnerOptions po;
     po.node_id = options_.node_id;
@@ -757,6 +769,18 @@ void Agent::InjectChaos() {
         spdlog::warn("chaos: {}: SIGSTOP to worker rank {} (it hangs) {}", a.what, a.global_rank, Fmt());
         kill(a.pid, SIGSTOP);
         break;
+      case ChaosAction::Kind::kLinkDown:
+      case ChaosAction::Kind::kLinkUp: {
+        const bool up = a.kind == ChaosAction::Kind::kLinkUp;
+        absl::Status st = SetInterfaceUp(chaos_iface_, up);
+        if (st.ok()) {
+          spdlog::warn("chaos: {}: network interface {} ({}) {} {}", a.what, chaos_iface_, options_.host,
+                       up ? "up again" : absl::StrCat("down for ", a.seconds, " s"), Fmt());
+        } else {
+          spdlog::error("chaos: {}: {} {}", a.what, std::string(st.message()), Fmt());
+        }
+        break;
+      }
     }
   }
 }

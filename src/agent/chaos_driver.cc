@@ -14,6 +14,9 @@ ChaosDriver::ChaosDriver(ChaosSpec spec, int node_rank) {
   if (const ChaosFault* f = spec.Find("kill-agent", node_rank); f != nullptr) {
     faults_.push_back({*f, ChaosAction::Kind::kKillAgent});
   }
+  if (const ChaosFault* f = spec.Find("partition", node_rank); f != nullptr) {
+    faults_.push_back({*f, ChaosAction::Kind::kLinkDown});
+  }
   for (const ChaosFault* f : spec.All("kill-worker")) faults_.push_back({*f, ChaosAction::Kind::kKillWorker});
   for (const ChaosFault* f : spec.All("hang")) faults_.push_back({*f, ChaosAction::Kind::kStopWorker});
 }
@@ -28,7 +31,7 @@ std::string ChaosDriver::Describe(const ChaosFault& f) const {
   std::vector<std::string> kv;
   if (f.node >= 0) kv.push_back(absl::StrCat("node=", f.node));
   // As users write it: who first, then when.
-  for (const char* key : {"rank", "after", "at_step", "restart"}) {
+  for (const char* key : {"rank", "after", "at_step", "for", "restart"}) {
     if (auto it = f.params.find(key); it != f.params.end()) kv.push_back(absl::StrCat(key, "=", it->second));
   }
   return absl::StrCat(f.kind, ":", absl::StrJoin(kv, ","));
@@ -38,12 +41,16 @@ std::vector<ChaosAction> ChaosDriver::Due(uint64_t now_ns, const std::vector<Wor
   std::vector<ChaosAction> out;
   if (round_ns_ == 0) return out;
   for (Pending& p : faults_) {
+    if (p.restore_ns != 0 && now_ns >= p.restore_ns) {
+      p.restore_ns = 0;
+      out.push_back({ChaosAction::Kind::kLinkUp, -1, -1, absl::StrCat(Describe(p.fault), " (over)")});
+    }
     if (p.fired) continue;
     const ChaosFault& f = p.fault;
     const bool by_step = f.params.count("at_step") > 0;
     const double after_s = f.Number("after", 0);
     const uint64_t at_step = static_cast<uint64_t>(f.Number("at_step", 0));
-    if (p.kind == ChaosAction::Kind::kKillAgent) {
+    if (p.kind == ChaosAction::Kind::kKillAgent || p.kind == ChaosAction::Kind::kLinkDown) {
       bool due = false;
       std::string why;
       if (by_step) {
@@ -62,7 +69,12 @@ std::vector<ChaosAction> ChaosDriver::Due(uint64_t now_ns, const std::vector<Wor
       }
       if (!due) continue;
       p.fired = true;
-      out.push_back({p.kind, -1, -1, absl::StrCat(Describe(f), " (", why, ")")});
+      ChaosAction a{p.kind, -1, -1, absl::StrCat(Describe(f), " (", why, ")")};
+      if (p.kind == ChaosAction::Kind::kLinkDown) {
+        a.seconds = f.Number("for", 0);
+        p.restore_ns = std::max<uint64_t>(now_ns + static_cast<uint64_t>(a.seconds * 1e9), now_ns + 1);
+      }
+      out.push_back(std::move(a));
       continue;
     }
     const int rank = static_cast<int>(f.Number("rank", -1));

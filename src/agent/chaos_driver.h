@@ -3,6 +3,7 @@
 //   kill-worker:rank=R,...   SIGKILL to worker rank R (a crashed worker)
 //   hang:rank=R,...          SIGSTOP to worker rank R (a hung worker: its
 //                            steps stop and --hang-timeout finds it)
+//   partition:node=N,for=D   this node's network interface down for D s
 // triggered `after` seconds after the round's workers start (kill-agent: the
 // first round's) or when the step reaches at_step (the worker's own step;
 // kill-agent: the node's lowest). A worker fault hits the attempt whose
@@ -30,11 +31,12 @@
 namespace ballast::agent {
 
 struct ChaosAction {
-  enum class Kind { kKillAgent, kKillWorker, kStopWorker };
+  enum class Kind { kKillAgent, kKillWorker, kStopWorker, kLinkDown, kLinkUp };
   Kind kind = Kind::kKillWorker;
   pid_t pid = -1;        // the worker's (kKillAgent: -1, this process)
   int global_rank = -1;  // the worker's rank (kKillAgent: -1)
   std::string what;      // for the log: "kill-worker:rank=2,at_step=7 (rank 2 at step 7)"
+  double seconds = 0;    // kLinkDown: how long the partition lasts
 };
 
 class ChaosDriver {
@@ -63,6 +65,7 @@ class ChaosDriver {
     ChaosFault fault;
     ChaosAction::Kind kind;
     bool fired = false;
+    uint64_t restore_ns = 0;  // partition: when the link comes back (0: not down)
   };
   std::string Describe(const ChaosFault& f) const;
 

@@ -78,6 +78,25 @@ TEST(ChaosDriverTest, KillAgentByTimeCountsFromTheFirstRoundAndByStepFromTheNode
   EXPECT_TRUE(ChaosDriver(Spec("kill-worker:rank=0,after=1,incarnation=2", 2), 0).armed());
 }
 
+TEST(ChaosDriverTest, APartitionTakesTheLinkDownAndBringsItBackAfterItsDuration) {
+  ChaosDriver d(Spec("partition:node=1,at_step=4,for=2.5"), 1);
+  ASSERT_TRUE(d.armed());
+  d.RoundStarted(1 * kSec, 0);
+  std::vector<ChaosDriver::Worker> w = {{2, 10, true, true, 3}, {3, 11, true, true, 5}};
+  EXPECT_TRUE(d.Due(2 * kSec, w).empty());
+  w[0].step = 4;
+  auto down = d.Due(3 * kSec, w);
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down[0].kind, ChaosAction::Kind::kLinkDown);
+  EXPECT_DOUBLE_EQ(down[0].seconds, 2.5);
+  EXPECT_NE(down[0].what.find("partition:node=1,at_step=4,for=2.5"), std::string::npos) << down[0].what;
+  EXPECT_TRUE(d.Due(5 * kSec, w).empty());  // 2 s into it
+  auto up = d.Due(5 * kSec + kSec / 2, w);
+  ASSERT_EQ(up.size(), 1u);
+  EXPECT_EQ(up[0].kind, ChaosAction::Kind::kLinkUp);
+  EXPECT_TRUE(d.Due(60 * kSec, w).empty());  // once
+}
+
 TEST(ChaosDriverTest, NothingFiresBeforeARound) {
   ChaosDriver d(Spec("kill-agent:node=0,after=1"), 0);
   EXPECT_TRUE(d.Due(100 * kSec, {}).empty());

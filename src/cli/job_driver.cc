@@ -1,5 +1,7 @@
 #include "cli/job_driver.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -89,6 +91,14 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
   if (f->max_replacements < 0) f->max_replacements = Tunables::Get().max_node_replacements;
   if (auto chaos = ParseChaosSpec(f->chaos); !chaos.ok()) {
     std::fprintf(stderr, "ballast %s: --chaos: %s\n", cmd, std::string(chaos.status().message()).c_str());
+    return kUsageExit;
+  } else if (std::string(cmd) == "launch" &&
+             std::any_of(chaos->faults.begin(), chaos->faults.end(),
+                         [](const ChaosFault& x) { return x.kind == "partition"; })) {
+    std::fprintf(stderr,
+                 "ballast launch: --chaos partition cuts a node's own network interface, and `ballast launch` runs "
+                 "every node on this machine's loopback: run the nodes with `ballast run` on separate hosts or in "
+                 "network namespaces (BALLAST_CHAOS=partition:...)\n");
     return kUsageExit;
   } else if (!chaos->All("kill-master").empty() && f->journal.empty()) {
     std::fprintf(stderr,

@@ -66,6 +66,13 @@ const std::vector<KindDef>& Kinds() {
        "as disk-full, with EIO (Input/output error): a failing disk",
        {{"node", ValueType::kInt, true, 0}, kAfter, kAtStep, {"writes", ValueType::kInt, false, 1}},
        true},
+      {"partition",
+       "the node's agent takes down the network interface of its address for `for` seconds (a network "
+       "partition: heartbeats, the workers' collectives and the replicas stop), `after` seconds after its "
+       "workers first start or when they reach step at_step; the node must have its own interface (hosts or "
+       "network namespaces: not loopback) and CAP_NET_ADMIN",
+       {{"node", ValueType::kInt, true, 0}, kAfter, kAtStep, {"for", ValueType::kNumber, true, 0}},
+       true},
       {"kill-master",
        "the job's master process is SIGKILLed `after` seconds after it starts, or when every node reached step "
        "at_step (needs --journal DIR: the master restarts from it)",

@@ -24,9 +24,9 @@ TEST(ChaosSpec, ParsesSeveralFaults) {
 }
 
 TEST(ChaosSpec, UnknownKindIsInvalidArgument) {
-  auto s = ParseChaosSpec("disk-full:node=1");
+  auto s = ParseChaosSpec("disk-melt:node=1");
   ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("unknown fault kind \"disk-full\""), std::string::npos);
+  EXPECT_NE(s.status().message().find("unknown fault kind \"disk-melt\""), std::string::npos);
   EXPECT_NE(s.status().message().find("check-fail"), std::string::npos);
 }
 
@@ -74,6 +74,11 @@ TEST(ChaosSpec, TriggeredKindsNeedExactlyOneOfAfterOrAtStep) {
     auto r = ParseChaosSpec(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+  auto p = ParseChaosSpec("partition:node=1,at_step=5,for=8;disk-error:node=0,after=2,writes=5");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->Find("partition", 1)->Number("for", 0), 8);
+  EXPECT_DOUBLE_EQ(p->Find("disk-error", 0)->Number("writes", 0), 5);
+  EXPECT_FALSE(ParseChaosSpec("partition:node=1,at_step=5").ok());  // for= is required
   auto r = ParseChaosSpec("kill-worker:rank=2");
   EXPECT_NE(r.status().message().find("after=SECONDS or at_step=STEP"), std::string::npos) << r.status();
   EXPECT_NE(ChaosKindsHelp().find("kill-worker:rank=N,after=F|at_step=N,[restart=N]"), std::string::npos)

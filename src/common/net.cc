@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netdb.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -273,6 +275,28 @@ std::string InterfaceWithAddress(const std::string& addr) {
   }
   freeifaddrs(ifs);
   return name;
+}
+
+absl::Status SetInterfaceUp(const std::string& name, bool up) {
+  if (name.empty() || name.size() >= IFNAMSIZ) {
+    return absl::InvalidArgumentError(absl::StrCat("bad network interface name \"", name, "\""));
+  }
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  ifreq req{};
+  std::memcpy(req.ifr_name, name.data(), name.size());
+  absl::Status st;
+  if (ioctl(fd, SIOCGIFFLAGS, &req) != 0) {
+    st = absl::NotFoundError(absl::StrCat("interface ", name, ": ", std::strerror(errno)));
+  } else {
+    req.ifr_flags = static_cast<short>(up ? (req.ifr_flags | IFF_UP) : (req.ifr_flags & ~IFF_UP));
+    if (ioctl(fd, SIOCSIFFLAGS, &req) != 0) {
+      st = absl::PermissionDeniedError(absl::StrCat("cannot take interface ", name, up ? " up: " : " down: ",
+                                                    std::strerror(errno), " (needs CAP_NET_ADMIN)"));
+    }
+  }
+  close(fd);
+  return st;
 }
 
 absl::StatusOr<int> ListenTcpAny(int* port, const std::string& what) {

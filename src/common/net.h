@@ -72,6 +72,10 @@ bool ResolvesToLocalNonLoopback(const std::string& host);
 // The network interface holding the numeric address `addr` ("" if none).
 std::string InterfaceWithAddress(const std::string& addr);
 
+// Takes a network interface down or brings it up (SIOCSIFFLAGS; needs
+// CAP_NET_ADMIN in its network namespace). The chaos `partition` drill.
+absl::Status SetInterfaceUp(const std::string& name, bool up);
+
 // A TCP listener on every address (port picked by the kernel) that accepts
 // connections and closes them at once: other nodes connect to it to prove that
 // an address of this host is reachable from theirs. One thread; the destructor

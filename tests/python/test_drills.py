@@ -1,6 +1,7 @@
 """Chaos drills with step triggers under `ballast launch` (--chaos):
 kill-worker, hang, kill-agent (a lost node), kill-master, slow (a runtime
-straggler, 3 nodes) and disk-full, each on a 2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
+straggler, 3 nodes), disk-full and a network partition (hosts in network
+namespaces), each on a 2 nodes x 2 workers DDP job with flash checkpoints every step, peer replicas
 and an ElasticSampler (tests/integration/scripts/health_train.py).
 
 Each job must finish with its weights bitwise equal to a run without the
@@ -10,11 +11,14 @@ report saying what was injected and what the job did. The drills of training
 health (nan, bitflip) are in test_health.py.
 """
 
+import json
 import os
 import subprocess
+import time
 import unittest
 
-from _health_job import BIN, SCRIPT, HealthJob
+from _health_job import BIN, PYTHON, SCRIPT, HealthJob
+from _netns import Lan
 
 
 class ChaosDrills(HealthJob):
@@ -114,12 +118,67 @@ class ChaosDrills(HealthJob):
         self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: killed, rank 2 on node node-1 .*\n  4 "
                               r"checkpoint write\(s\) failed \(the agents retry them\); training went on")
 
+    def test_a_network_partition_loses_the_node_and_a_spare_takes_its_place(self):
+        # Hosts in network namespaces (_netns.Lan): the master on host 0,
+        # nodes 0 and 1 on hosts 1 and 2, a spare on host 3 (started once the
+        # world trains). Node 1's agent takes its own link down for 8 s at
+        # step 15: the master loses its heartbeats, the spare takes its place
+        # and the world resumes from memory; the healed node waits as a spare
+        # until the job ends.
+        args = ["--steps", "60", "--step-time", "0.1"]
+        clean = self.reference("", script_args=args)
+        out = os.path.join(self.tmp, "partition")
+        os.makedirs(out)
+        env = dict(os.environ, BALLAST_TOKEN="drill", OMP_NUM_THREADS="1",
+                   BALLAST_CHAOS="partition:node=1,at_step=15,for=8")
+        logs = {}
+
+        def run(lan, host, argv, name):
+            logs[name] = os.path.join(out, name + ".log")
+            with open(logs[name], "w") as f:
+                return lan.popen(host, argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+        with Lan(4) as lan:
+            master = run(lan, 0, [BIN, "master", "--nnodes", "2", "--port", "29400"], "master")
+            agent = [BIN, "run", "--rdzv-endpoint", f"{lan.addr(0)}:29400", "--nnodes", "2", "--nproc-per-node",
+                     "2", "--python", PYTHON]
+            procs = [master]
+            for host in (1, 2, 3):
+                if host == 3:  # the spare joins once the world trains
+                    deadline = time.time() + 120
+                    while not os.path.exists(os.path.join(out, "events.jsonl")) and time.time() < deadline:
+                        time.sleep(0.1)
+                procs.append(run(lan, host, agent + ["--node-rank", str(host - 1), SCRIPT, "--out", out, *args],
+                                 f"node{host - 1}"))
+            rcs = []
+            for p in procs:
+                try:
+                    rcs.append(p.wait(timeout=180))
+                except subprocess.TimeoutExpired:
+                    rcs.append("hung")
+        text = {n: open(f).read() for n, f in logs.items()}
+        everything = "".join(f"\n--- {n} ---\n{t[-3000:]}" for n, t in text.items())
+        self.assertEqual(rcs, [0, 0, 0, 0], everything)
+        self.assertRegex(text["node1"], r"chaos: partition:node=1,at_step=15,for=8 \(its workers at step \d+\): "
+                                        r"network interface eth0 \(10\.66\.0\.3\) down for 8 s")
+        self.assertIn("up again", text["node1"])
+        self.assertRegex(text["master"], r"node=host2-\S+ round=1 lost: heartbeat timeout \(a member of the round\)")
+        self.assertRegex(text["master"], r"spare node host3-\S+ takes the place of node host2-")
+        self.assertIn("surplus node", text["node1"])  # healed, it waited as a spare
+        with open(os.path.join(out, "events.jsonl")) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        starts = self.finished_like_the_clean_run(0, everything, events, clean)
+        self.assertEqual(len(starts), 2, starts)
+        self.assertEqual(starts[1]["source"], "memory")
+        self.assertGreaterEqual(starts[1]["step"], 12)
+
     def test_bad_drills_get_a_clear_error(self):
         for spec, want in (("kill-worker:rank=1", "kill-worker needs exactly one trigger, after=SECONDS or "
                                                    "at_step=STEP"),
                            ("hang:rank=1,after=2,at_step=3", "hang needs exactly one trigger"),
                            ("kill-master:after=3", "--chaos kill-master needs --journal DIR"),
                            ("slow:rank=1,factor=0.5,at_step=3", "slow factor=0.5 is not a valid number > 1"),
+                           ("partition:node=0,after=1,for=2", "runs every node on this machine's loopback"),
                            ("slowness:rank=1", 'unknown fault kind "slowness"')):
             p = subprocess.run([BIN, "launch", "--nodes", "1", "--chaos", spec, SCRIPT], capture_output=True,
                                text=True, timeout=30)
