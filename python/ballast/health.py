@@ -59,7 +59,8 @@ training is the same on every rank, the compute time is not. A node slower
 than BALLAST_STRAGGLER_FACTOR (2) x the median is a straggler (``ballast
 status``); with ``--exclude-stragglers`` one that stays so for 3 checks in a
 row (about 3 s) is excluded and replaced. Cost: two clock reads and a
-callback per forward pass.
+callback per forward pass; ``BALLAST_COMPUTE_TIMING=0`` turns the timing off
+(e.g. for a model under ``torch.compile``, where Python hooks break graphs).
 """
 
 import collections
@@ -345,7 +346,8 @@ def observe_model(step, model):
     if _watch is None:
         _watch = _Watch()
     w = _watch
-    if w.compute is None and w.under_agent and isinstance(model, torch.nn.Module):
+    if (w.compute is None and w.under_agent and isinstance(model, torch.nn.Module)
+            and os.environ.get("BALLAST_COMPUTE_TIMING", "1") != "0"):
         w.compute = _ComputeTimer(model, _chaos_slow())
     if w.compute is not None:
         w.compute.at_step(step)
