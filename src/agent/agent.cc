@@ -348,7 +348,9 @@ int Agent::Run() {
         return 2;
       }
     }
-    if (chaos_->armed() || disk_chaos_->armed()) spdlog::warn("chaos: {} (node rank {})", std::getenv(kChaosEnv), options_.run.node_rank);
+    if (chaos_->armed() || disk_chaos_->armed()) {
+      spdlog::warn("chaos: {} (node rank {})", std::getenv(kChaosEnv), options_.run.node_rank);
+    }
     PrecheckRunnerOptions po;
     po.node_id = options_.node_id;
     po.host = options_.host;
@@ -446,6 +448,12 @@ int Agent::Run() {
     }
   }
   StopWorkers("the agent is exiting");
+  if (chaos_link_down_) {
+    // A partition drill never outlives its agent: the node gets its network back.
+    absl::Status st = SetInterfaceUp(chaos_iface_, true);
+    spdlog::warn("chaos: partition: the agent exits; network interface {} {}", chaos_iface_,
+                 st.ok() ? "up again" : std::string(st.message()));
+  }
   client_->Shutdown();
   return *exit_code;
 }
@@ -773,6 +781,7 @@ void Agent::InjectChaos() {
       case ChaosAction::Kind::kLinkUp: {
         const bool up = a.kind == ChaosAction::Kind::kLinkUp;
         absl::Status st = SetInterfaceUp(chaos_iface_, up);
+        chaos_link_down_ = st.ok() ? !up : chaos_link_down_;
         if (st.ok()) {
           spdlog::warn("chaos: {}: network interface {} ({}) {} {}", a.what, chaos_iface_, options_.host,
                        up ? "up again" : absl::StrCat("down for ", a.seconds, " s"), Fmt());

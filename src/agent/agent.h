@@ -198,6 +198,7 @@ class Agent {
   // Chaos drills this agent injects (chaos_driver.h); created in Run().
   std::unique_ptr<ChaosDriver> chaos_;
   std::string chaos_iface_;  // chaos partition: the interface of options_.host
+  bool chaos_link_down_ = false;  // ... and it is down now
   uint64_t round_started_ns_ = 0;       // CLOCK_MONOTONIC when round_'s workers started
   uint64_t next_progress_report_ns_ = 0;
   // The round's MASTER_ADDR:PORT: publish or fetch, address probe, store watch.
