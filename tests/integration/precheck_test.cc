@@ -132,7 +132,7 @@ TEST(Precheck, NodeJoiningARunningJobIsCheckedBeforeItJoins) {
               dir / "launch.log", CheckEnv(dir));
   ASSERT_EQ(launch.Wait(300), 0) << launch.Output();
   std::string log = launch.Output();
-  EXPECT_NE(log.find("chaos: kill-agent: SIGKILL to this agent"), std::string::npos) << log;
+  EXPECT_NE(log.find("chaos: kill-agent:node=1,after=2 ("), std::string::npos) << log;
   EXPECT_NE(log.find("scale down to 1 nodes"), std::string::npos) << log;
   // Both replacements were checked while training went on; the first failed.
   EXPECT_EQ(Count(log, ") while the job trains"), 2u) << log;

@@ -73,7 +73,7 @@ class ElasticSamplerUnderLaunch(TestCase):
         elapsed = time.monotonic() - t0
         log = p.stdout
         self.assertEqual(p.returncode, 0, log[-6000:])
-        self.assertIn("chaos: kill-agent: SIGKILL to this agent", log)
+        self.assertIn("chaos: kill-agent:node=1,after=3 (", log)
         self.assertIn("scale down to 1 nodes", log, log[-6000:])
         self.assertIn("scale up from 1 to 2 nodes", log, log[-6000:])
 
