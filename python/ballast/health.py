@@ -94,15 +94,16 @@ class BadLossError(RuntimeError):
     """
 
 
-def _chaos_steps(kind):
-    """Steps at which a worker fault of `kind` hits this rank (BALLAST_CHAOS)."""
+def _chaos_faults(kind, usage):
+    """(text, key=value dict) of BALLAST_CHAOS's faults of `kind` that hit
+    this rank in this attempt (restart=K) and agent incarnation (incarnation=K)."""
     spec = os.environ.get("BALLAST_CHAOS", "")
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     # The agent's incarnation (ballast launch numbers a node rank's agents):
     # a replacement node's workers start a new count of attempts.
     incarnation = int(os.environ.get("BALLAST_CHAOS_INCARNATION", "1") or 1)
-    steps = set()
+    out = []
     for fault in spec.split(";"):
         name, _, args = fault.strip().partition(":")
         if name.strip() != kind:
@@ -111,32 +112,33 @@ def _chaos_steps(kind):
         try:
             if (int(kv["rank"]) == rank and int(kv.get("restart", 0)) == attempt
                     and int(kv.get("incarnation", 1)) == incarnation):
-                steps.add(int(kv["at_step"]))
+                out.append((fault, kv))
         except (KeyError, ValueError):
-            raise ValueError(f"BALLAST_CHAOS: bad {kind} fault {fault!r}: "
-                             f"{kind}:rank=R,at_step=S[,restart=K]") from None
+            raise ValueError(f"BALLAST_CHAOS: bad {kind} fault {fault!r}: {usage}") from None
+    return out
+
+
+def _chaos_steps(kind):
+    """Steps at which a worker fault of `kind` hits this rank (BALLAST_CHAOS)."""
+    usage = f"{kind}:rank=R,at_step=S[,restart=K]"
+    steps = set()
+    for fault, kv in _chaos_faults(kind, usage):
+        try:
+            steps.add(int(kv["at_step"]))
+        except (KeyError, ValueError):
+            raise ValueError(f"BALLAST_CHAOS: bad {kind} fault {fault!r}: {usage}") from None
     return steps
 
 
 def _chaos_slow():
     """(factor, at_step, after_s) of a slow fault on this rank (BALLAST_CHAOS), or None."""
-    spec = os.environ.get("BALLAST_CHAOS", "")
-    rank = int(os.environ.get("RANK", "0"))
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    incarnation = int(os.environ.get("BALLAST_CHAOS_INCARNATION", "1") or 1)
-    for fault in spec.split(";"):
-        name, _, args = fault.strip().partition(":")
-        if name.strip() != "slow":
-            continue
-        kv = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
+    usage = "slow:rank=R,factor=F,after=T|at_step=S[,restart=K]"
+    for fault, kv in _chaos_faults("slow", usage):
         try:
-            if (int(kv["rank"]) == rank and int(kv.get("restart", 0)) == attempt
-                    and int(kv.get("incarnation", 1)) == incarnation):
-                return (float(kv["factor"]), int(kv["at_step"]) if "at_step" in kv else None,
-                        float(kv["after"]) if "after" in kv else None)
+            return (float(kv["factor"]), int(kv["at_step"]) if "at_step" in kv else None,
+                    float(kv["after"]) if "after" in kv else None)
         except (KeyError, ValueError):
-            raise ValueError(f"BALLAST_CHAOS: bad slow fault {fault!r}: "
-                             "slow:rank=R,factor=F,after=T|at_step=S[,restart=K]") from None
+            raise ValueError(f"BALLAST_CHAOS: bad slow fault {fault!r}: {usage}") from None
     return None
 
 
