@@ -32,6 +32,7 @@ from ballast.health import BadLossError
 from ballast.sampler import ElasticSampler
 
 progress.install_stack_dump_handler()
+progress.install_exit_settle()
 
 __version__ = "0.1.0"
 

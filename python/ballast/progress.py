@@ -19,6 +19,7 @@ Example::
         ballast.step(step)
 """
 
+import atexit
 import contextlib
 import faulthandler
 import os
@@ -82,6 +83,30 @@ def checkpointing():
 def state():
     """This worker's progress cell: dict(step, timestamp_ns, checkpoint_ns, reports, cell)."""
     return _C.progress_state()
+
+
+def _settle_collectives():
+    # torch 2.x: a gloo thread drops the last collective's tensors a moment
+    # after wait() returned, and needs the GIL to; once the interpreter is
+    # finalizing, taking it ends the thread inside a noexcept destructor
+    # (std::terminate: the worker aborts after its work is done, and its
+    # agent restarts a job that had finished). Give those threads the GIL
+    # before finalization starts. Costs 50 ms at exit, only after torch.distributed was used.
+    if "torch.distributed" not in sys.modules:
+        return
+    import gc
+    import time
+    gc.collect()
+    time.sleep(0.05)
+
+
+def install_exit_settle():
+    """Under an agent, lets torch's collective threads finish before the
+    interpreter finalizes (see _settle_collectives); returns whether it did."""
+    if not os.environ.get("BALLAST_NODE_ID"):
+        return False
+    atexit.register(_settle_collectives)
+    return True
 
 
 def install_stack_dump_handler():

@@ -165,7 +165,17 @@ def _ballast_warm():
     threading.Thread(target=serve, name="ballast-warm", daemon=True).start()
     return job["module"], sock
 _ballast_module, _ballast_sock = _ballast_warm()
-import runpy
+def _ballast_settle():
+    # Registered first, so it runs after the script's own atexit handlers:
+    # torch 2.x's gloo threads drop the last collective's tensors a moment
+    # after wait() returned and need the GIL to; once finalization starts
+    # that ends them in a noexcept destructor (std::terminate). Let them.
+    if "torch.distributed" in sys.modules:
+        import gc, time
+        gc.collect()
+        time.sleep(0.05)
+import atexit, runpy
+atexit.register(_ballast_settle)
 if _ballast_module:
     sys.path[0] = os.getcwd()
     runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
