@@ -187,6 +187,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   copts.endpoint = options_.endpoint;
   copts.token = options_.token;
   copts.credentials = options_.credentials;
+  copts.locate = options_.locate_master;
   copts.reconnect_timeout_s = options_.tunables.reconnect_timeout_s;
   copts.rpc_timeout_s = options_.tunables.rpc_timeout_s;
   client_ = std::make_unique<MasterClient>(copts);

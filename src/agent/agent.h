@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -51,6 +52,8 @@ struct AgentOptions {
   std::string endpoint;  // the master, host:port
   std::string token;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // TLS to the master; nullptr: insecure
+  // Where the master is now, when it may move (MasterClientOptions::locate).
+  std::function<std::string()> locate_master;
   std::string node_id;   // "" = "<hostname>-<pid>-<4 hex>"
   std::string host;      // address others reach this node at; "" = derived from endpoint
   Tunables tunables = Tunables::Get();

@@ -475,6 +475,46 @@ TEST(Agent, ReconnectsToAMasterThatComesBackAndKeepsItsWorkers) {
   EXPECT_EQ(ReadFile(dir / "starts"), "x\n");
 }
 
+TEST(Agent, FollowsAMasterThatMovedWhereItsLocatorSaysAndKeepsItsWorkers) {
+  // A master pod replaced on Kubernetes: the old address is gone for good,
+  // the job's Lease names the new one. The workers never restart.
+  TempDir dir;
+  auto old_master = std::make_unique<FakeMasterServer>();
+  FakeMaster* m1 = &old_master->fake();
+  m1->on_join_ = [m1](const v1::JoinRequest&) { m1->PushStart(1); };
+  FakeMasterServer new_master;
+  FakeMaster& m2 = new_master.fake();
+  // The new master resumed round 1: it re-sends the round the agent runs.
+  m2.on_join_ = [&m2](const v1::JoinRequest&) { m2.PushStart(1); };
+  std::mutex mu;
+  std::string located;  // "" until the new master holds the Lease
+  std::atomic<int> lookups{0};
+  AgentOptions o = Options(old_master->endpoint(), absl::StrCat("echo x >> ", dir / "starts", "; sleep 300"), 1);
+  o.tunables.reconnect_timeout_s = 10;
+  o.locate_master = [&] {
+    ++lookups;
+    std::lock_guard<std::mutex> lock(mu);
+    return located;
+  };
+  Agent agent(o);
+  auto result = RunAsync(&agent);
+  ASSERT_TRUE(m1->WaitFor([&] { return m1->last_heartbeat_.round() == 1 && m1->watches_ == 1; }));
+  EXPECT_EQ(lookups.load(), 0) << "no lookup while the master answers";
+  old_master->Stop();
+  old_master.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // no master at all for a while
+  EXPECT_GT(lookups.load(), 0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    located = new_master.endpoint();
+  }
+  ASSERT_TRUE(m2.WaitFor([&] { return m2.joins_.size() >= 1 && m2.last_heartbeat_.round() == 1; }));
+  m2.PushFinished(true, "");
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(result.get(), 0);
+  EXPECT_EQ(ReadFile(dir / "starts"), "x\n") << "the worker started once";
+}
+
 TEST(AgentHelpers, DerivesHostAndCommand) {
   EXPECT_EQ(DeriveHost("", "localhost"), "127.0.0.1");
   EXPECT_EQ(DeriveHost("", "127.0.0.2"), "127.0.0.1");

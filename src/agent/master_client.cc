@@ -24,11 +24,39 @@ bool Retryable(const absl::Status& s) {
 }  // namespace
 
 MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(options)) {
-  channel_ = MasterChannel(options_.endpoint, options_.credentials);
-  stub_ = v1::Master::NewStub(channel_);
+  endpoint_ = options_.endpoint;
+  stub_ = v1::Master::NewStub(MasterChannel(endpoint_, options_.credentials));
 }
 
 MasterClient::~MasterClient() { Shutdown(); }
+
+std::string MasterClient::endpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return endpoint_;
+}
+
+std::shared_ptr<v1::Master::Stub> MasterClient::Stub() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stub_;
+}
+
+bool MasterClient::Relocate() {
+  if (!options_.locate) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (located_once_ && SecondsSince(located_at_) < options_.locate_interval_s) return false;
+    located_once_ = true;
+    located_at_ = Clock::now();
+  }
+  const std::string found = options_.locate();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (found.empty() || found == endpoint_) return false;
+  spdlog::warn("the job's master moved: {} -> {} (the job's master Lease says so); reconnecting there", endpoint_,
+               found);
+  endpoint_ = found;
+  stub_ = v1::Master::NewStub(MasterChannel(endpoint_, options_.credentials));
+  return true;
+}
 
 void MasterClient::ConfigureContext(grpc::ClientContext* ctx, double timeout_s) const {
   ctx->AddMetadata(kTokenMetadataKey, options_.token);
@@ -58,7 +86,7 @@ absl::StatusOr<v1::JoinResponse> MasterClient::JoinOnce(const v1::JoinRequest& r
   CallScope scope(this, &ctx, timeout_s);
   ctx.set_wait_for_ready(wait_for_ready);
   v1::JoinResponse response;
-  absl::Status s = FromGrpcStatus(stub_->Join(&ctx, request, &response));
+  absl::Status s = FromGrpcStatus(Stub()->Join(&ctx, request, &response));
   if (!s.ok()) return s;
   return response;
 }
@@ -81,13 +109,13 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
     last = r.status();
     if (tls_error.empty() && !TlsHint(std::string(last.message())).empty()) tls_error = std::string(last.message());
     if (attempts == 1 || attempts % 10 == 0)
-      spdlog::info("master {} not reachable yet ({}); retrying", options_.endpoint, std::string(last.message()));
+      spdlog::info("master {} not reachable yet ({}); retrying", endpoint(), std::string(last.message()));
     remaining = timeout_s - SecondsSince(start);
     if (remaining <= 0) break;
     if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");
     backoff = std::min(backoff * 2, options_.backoff_max_s);
   }
-  return absl::UnavailableError(absl::StrCat("no answer from ", options_.endpoint, " after ", attempts,
+  return absl::UnavailableError(absl::StrCat("no answer from ", endpoint(), " after ", attempts,
                                              " attempts: ", last.message(),
                                              tls_error.empty() || tls_error == last.message()
                                                  ? ""
@@ -101,28 +129,28 @@ absl::Status MasterClient::Leave(const std::string& node_id, const std::string& 
   req.set_node_id(node_id);
   req.set_reason(reason);
   v1::Ack ack;
-  return FromGrpcStatus(stub_->Leave(&ctx, req, &ack));
+  return FromGrpcStatus(Stub()->Leave(&ctx, req, &ack));
 }
 
 absl::Status MasterClient::Heartbeat(const v1::HeartbeatRequest& request) {
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, options_.rpc_timeout_s);
   v1::HeartbeatResponse resp;
-  return FromGrpcStatus(stub_->Heartbeat(&ctx, request, &resp));
+  return FromGrpcStatus(Stub()->Heartbeat(&ctx, request, &resp));
 }
 
 absl::Status MasterClient::ReportFailure(const v1::FailureReport& report) {
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, options_.rpc_timeout_s);
   v1::Ack ack;
-  return FromGrpcStatus(stub_->ReportFailure(&ctx, report, &ack));
+  return FromGrpcStatus(Stub()->ReportFailure(&ctx, report, &ack));
 }
 
 absl::Status MasterClient::ReportCheckResult(const v1::CheckResult& result) {
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, options_.rpc_timeout_s);
   v1::Ack ack;
-  return FromGrpcStatus(stub_->ReportCheckResult(&ctx, result, &ack));
+  return FromGrpcStatus(Stub()->ReportCheckResult(&ctx, result, &ack));
 }
 
 absl::Status MasterClient::ReportWorkersDone(const std::string& node_id, int64_t round) {
@@ -132,14 +160,14 @@ absl::Status MasterClient::ReportWorkersDone(const std::string& node_id, int64_t
   req.set_node_id(node_id);
   req.set_round(round);
   v1::Ack ack;
-  return FromGrpcStatus(stub_->ReportWorkersDone(&ctx, req, &ack));
+  return FromGrpcStatus(Stub()->ReportWorkersDone(&ctx, req, &ack));
 }
 
 absl::Status MasterClient::ReportProgress(const v1::ProgressReport& report, double timeout_s) {
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, timeout_s > 0 ? timeout_s : options_.rpc_timeout_s);
   v1::Ack ack;
-  return FromGrpcStatus(stub_->ReportProgress(&ctx, report, &ack));
+  return FromGrpcStatus(Stub()->ReportProgress(&ctx, report, &ack));
 }
 
 absl::Status MasterClient::KvSet(const std::string& key, const std::string& value) {
@@ -149,7 +177,7 @@ absl::Status MasterClient::KvSet(const std::string& key, const std::string& valu
   req.set_key(key);
   req.set_value(value);
   v1::Ack ack;
-  return FromGrpcStatus(stub_->KvSet(&ctx, req, &ack));
+  return FromGrpcStatus(Stub()->KvSet(&ctx, req, &ack));
 }
 
 absl::StatusOr<v1::ShardDurableResponse> MasterClient::ReportShardDurable(const v1::ShardDurableReport& report,
@@ -157,7 +185,7 @@ absl::StatusOr<v1::ShardDurableResponse> MasterClient::ReportShardDurable(const 
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, timeout_s > 0 ? timeout_s : options_.rpc_timeout_s);
   v1::ShardDurableResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->ReportShardDurable(&ctx, report, &resp));
+  absl::Status s = FromGrpcStatus(Stub()->ReportShardDurable(&ctx, report, &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -170,7 +198,7 @@ absl::StatusOr<std::string> MasterClient::KvGet(const std::string& key, double w
   req.set_key(key);
   req.set_wait_ms(static_cast<int64_t>(wait_s * 1000));
   v1::KvGetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->KvGet(&ctx, req, &resp));
+  absl::Status s = FromGrpcStatus(Stub()->KvGet(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp.value();
 }
@@ -217,8 +245,17 @@ void MasterClient::WatchLoop(std::string node_id) {
   bool need_rejoin = false;
   while (true) {
     if (need_rejoin) {
+      // A master that moved (a new master pod): its Lease names the new address.
+      if (Relocate()) backoff = options_.backoff_initial_s;
       absl::Status s = Rejoin();
-      if (!s.ok() && !Retryable(s)) {
+      bool shutting_down;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        shutting_down = shutdown_;
+      }
+      // CANCELLED not of our doing: a master that was shutting down (its pod
+      // being replaced) cancelled the call; the next one may answer.
+      if (!s.ok() && !Retryable(s) && !(absl::IsCancelled(s) && !shutting_down)) {
         // The master is up but refuses us (new token, contradicting spec, ...):
         // waiting will not help.
         ReportLost(absl::Status(s.code(), absl::StrCat("the master refused this agent's re-join: ", s.message())));
@@ -233,7 +270,7 @@ void MasterClient::WatchLoop(std::string node_id) {
     CallScope scope(this, &ctx, 0);  // no deadline: the stream lives as long as the agent
     v1::WatchRequest req;
     req.set_node_id(node_id);
-    auto reader = stub_->Watch(&ctx, req);
+    auto reader = Stub()->Watch(&ctx, req);
     v1::Decision decision;
     while (reader->Read(&decision)) {
       broken_since_set = false;
@@ -248,7 +285,7 @@ void MasterClient::WatchLoop(std::string node_id) {
     if (!broken_since_set) {
       broken_since_set = true;
       broken_since = Clock::now();
-      spdlog::warn("lost the watch stream to master {} ({}: {}); reconnecting", options_.endpoint,
+      spdlog::warn("lost the watch stream to master {} ({}: {}); reconnecting", endpoint(),
                    absl::StatusCodeToString(s.code()), std::string(s.message()));
     }
     if (absl::IsUnauthenticated(s)) {
@@ -257,7 +294,7 @@ void MasterClient::WatchLoop(std::string node_id) {
     }
     double lost_for = SecondsSince(broken_since);
     if (lost_for >= options_.reconnect_timeout_s) {
-      ReportLost(absl::UnavailableError(absl::StrCat("lost the ballast master at ", options_.endpoint, " for ",
+      ReportLost(absl::UnavailableError(absl::StrCat("lost the ballast master at ", endpoint(), " for ",
                                                      static_cast<int>(lost_for), " s: ", s.message())));
       return;
     }
@@ -285,7 +322,7 @@ void MasterClient::HeartbeatLoop(double interval_s) {
     }
     if (absl::IsNotFound(s)) {
       // The master forgot us (declared dead, or restarted): join again.
-      spdlog::warn("master {} does not know this node ({}); joining again", options_.endpoint, std::string(s.message()));
+      spdlog::warn("master {} does not know this node ({}); joining again", endpoint(), std::string(s.message()));
       s = Rejoin();
       if (s.ok()) {
         failing_since_set = false;
@@ -296,9 +333,9 @@ void MasterClient::HeartbeatLoop(double interval_s) {
       failing_since_set = true;
       failing_since = Clock::now();
     }
-    spdlog::debug("heartbeat to {} failed: {}", options_.endpoint, s.ToString());
+    spdlog::debug("heartbeat to {} failed: {}", endpoint(), s.ToString());
     if (SecondsSince(failing_since) >= options_.reconnect_timeout_s) {
-      ReportLost(absl::UnavailableError(absl::StrCat("no heartbeat reached the ballast master at ", options_.endpoint,
+      ReportLost(absl::UnavailableError(absl::StrCat("no heartbeat reached the ballast master at ", endpoint(),
                                                      " for ", static_cast<int>(SecondsSince(failing_since)),
                                                      " s: ", s.message())));
       return;

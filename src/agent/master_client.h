@@ -19,6 +19,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -44,6 +45,11 @@ struct MasterClientOptions {
   double backoff_max_s = 2.0;         // ... to 2 s
   // TLS (common/tls.h MasterChannelCredentials); nullptr: insecure.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Where the master is now (host:port; "" unknown), asked at most every
+  // locate_interval_s while the master is lost: a master that moved (a new
+  // master pod on Kubernetes) is followed there. Unset: the endpoint is fixed.
+  std::function<std::string()> locate;
+  double locate_interval_s = 1.0;
 };
 
 class MasterClient {
@@ -57,7 +63,8 @@ class MasterClient {
   MasterClient(const MasterClient&) = delete;
   MasterClient& operator=(const MasterClient&) = delete;
 
-  const std::string& endpoint() const { return options_.endpoint; }
+  // The master's address now (it changes when the master moved: locate).
+  std::string endpoint() const;
 
   // Join, retried with backoff while the master is UNAVAILABLE or the call hits
   // its deadline, for up to timeout_s in total. Other errors (UNAUTHENTICATED,
@@ -112,14 +119,20 @@ class MasterClient {
   void WatchLoop(std::string node_id);
   void HeartbeatLoop(double interval_s);
   void ReportLost(const absl::Status& status);
+  // Asks options_.locate (rate-limited) and switches to a new address;
+  // true when it switched.
+  bool Relocate();
+  std::shared_ptr<v1::Master::Stub> Stub() const;
   // Sleeps up to seconds; returns false when Shutdown was called.
   bool SleepUnlessShutdown(double seconds);
 
   const MasterClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Master::Stub> stub_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::string endpoint_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<v1::Master::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  bool located_once_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point located_at_ ABSL_GUARDED_BY(mu_);
   std::condition_variable cv_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool lost_reported_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@
 #include "agent/run_options.h"
 #include "common/net.h"
 #include "common/tunables.h"
+#include "kube/lease.h"
 #include "spdlog/spdlog.h"
 
 #include "master/goodput.h"
@@ -69,6 +72,49 @@ class SignalForwarder {
 
 }  // namespace
 
+// BALLAST_MASTER_LEASE=ns/name (a worker pod of an ElasticJob): the job's
+// master Lease names where its master serves now, read with the pod's
+// service account when the master is lost. "" when it cannot be read.
+static std::function<std::string()> LeaseLocator(const std::string& lease) {
+  const size_t slash = lease.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == lease.size()) {
+    spdlog::warn("BALLAST_MASTER_LEASE={} is not NAMESPACE/NAME: a master that moves is not followed", lease);
+    return nullptr;
+  }
+  struct State {
+    std::mutex mu;
+    std::unique_ptr<kube::KubeClient> client;
+    bool warned = false;
+  };
+  auto state = std::make_shared<State>();
+  const std::string ns = lease.substr(0, slash);
+  const std::string name = lease.substr(slash + 1);
+  return [state, ns, name, lease]() -> std::string {
+    std::lock_guard<std::mutex> lock(state->mu);
+    absl::Status err;
+    if (state->client == nullptr) {
+      auto cfg = kube::KubeConfig::Load("");
+      if (cfg.ok()) {
+        state->client = std::make_unique<kube::KubeClient>(*cfg);
+      } else {
+        err = cfg.status();
+      }
+    }
+    if (state->client != nullptr) {
+      auto ep = kube::LeaseAnnotation(state->client.get(), ns, name, "ballast.dev/master-endpoint");
+      if (ep.ok()) return *ep;
+      err = ep.status();
+    }
+    if (!state->warned) {
+      state->warned = true;
+      spdlog::warn("cannot read the job's master Lease {} to find a master that moved: {} (the pod's service account "
+                   "needs `get leases` there: the operator binds ClusterRole ballast-worker to it)",
+                   lease, std::string(err.message()));
+    }
+    return "";
+  };
+}
+
 int RunAgent(const RunOptions& options) {
   SignalForwarder signals;  // before any thread exists
   const Tunables& tunables = Tunables::Get();
@@ -121,6 +167,9 @@ int RunAgent(const RunOptions& options) {
       return 2;
     }
     ao.credentials = *credentials;
+  }
+  if (const char* lease = std::getenv("BALLAST_MASTER_LEASE"); lease != nullptr && *lease != '\0' && !embedded) {
+    ao.locate_master = LeaseLocator(lease);
   }
 
   if (!embedded && (options.http_port.has_value() || options.metrics_public)) {

@@ -166,6 +166,8 @@ int MasterCommand(const Args& args) {
     k8s.token = TokenFromFlagOrEnv(token);
     if (const char* pod = std::getenv("BALLAST_POD_NAME"); pod != nullptr) k8s.pod_name = pod;
     k8s.journal_dir = opts.journal_dir;
+    if (http.port != -2) k8s.http_port = http.port;
+    k8s.metrics_public = http.metrics_public;
     if (app.count("--on-nan") > 0 || app.count("--max-rollbacks") > 0 || app.count("--loss-spike") > 0 ||
         app.count("--replica-check-every") > 0 || health.no_skip_data) {
       std::fprintf(stderr, "ballast master: with --kubernetes-job the ElasticJob's spec sets onNan, maxRollbacks, "

@@ -2,15 +2,20 @@
 // Runs in the cluster as the ballast-operator Deployment (deploy/), or outside
 // it with --kubeconfig.
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "common/net.h"
 #include "kube/kube_client.h"
+#include "kube/lease.h"
 #include "operator/operator.h"
 #include "spdlog/spdlog.h"
 
@@ -49,6 +54,14 @@ int OperatorCommand(const Args& args) {
   app.add_option("--resync", o.resync_s, "Seconds between full reconciles")->check(CLI::PositiveNumber);
   app.add_option("--max-master-restarts", o.max_master_restarts,
                  "Master pods that may die before a job fails")->check(CLI::NonNegativeNumber);
+  bool no_leader_elect = false;
+  std::string lease_ns = EnvOr("POD_NAMESPACE", "");
+  std::string lease_name = "ballast-operator";
+  app.add_flag("--no-leader-elect", no_leader_elect,
+               "Reconcile without the leader Lease (one replica only: two would both act)");
+  app.add_option("--lease-namespace", lease_ns,
+                 "Namespace of the leader Lease (default: $POD_NAMESPACE, else the kubeconfig's namespace)");
+  app.add_option("--lease-name", lease_name, "Name of the leader Lease (coordination.k8s.io)");
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
   if (o.master_address != "service" && o.master_address != "pod-ip") {
     std::fprintf(stderr, "ballast operator: --master-address must be service or pod-ip, not %s\n",
@@ -70,8 +83,28 @@ int OperatorCommand(const Args& args) {
   kube::KubeClient client(*cfg);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  // Replicas elect a leader: only the holder of the Lease reconciles; a
+  // standby takes over when the leader stops renewing it (15 s) or at once
+  // when it releases it (its pod being deleted).
+  std::unique_ptr<kube::LeaderLease> lease;
+  if (!no_leader_elect) {
+    kube::LeaseOptions lo;
+    lo.ns = lease_ns.empty() ? cfg->namespace_name : lease_ns;
+    lo.name = lease_name;
+    lo.identity = EnvOr("POD_NAME", absl::StrCat(HostName(), "-", getpid()));
+    lo.what = absl::StrCat("the operator's leader Lease ", lo.ns, "/", lo.name);
+    lease = std::make_unique<kube::LeaderLease>(&client, lo);
+    absl::Status s = lease->Acquire(&g_signal, -1, [](const std::string& holder) {
+      spdlog::info("operator: standby: {} leads; taking over when it stops renewing the Lease", holder);
+    });
+    if (!s.ok()) return 0;  // stopped while standing by
+    spdlog::info("operator: leading as {}", lo.identity);
+    o.leading = [l = lease.get()] { return l->held(); };
+  }
   op::Operator oper(&client, o);
-  return oper.Run(&g_signal);
+  const int rc = oper.Run(&g_signal);
+  if (lease) lease->Release();
+  return rc;
 }
 
 }  // namespace ballast::cli

@@ -201,6 +201,10 @@ class JobMaster {
   // Runs the waiter's `done` with CANCELLED unless it ran already.
   void CancelKvWait(uint64_t id);
   v1::JobStatus Status() const;
+  // The journal's state when it moved past `seq` (its last_seq), else
+  // nullopt (also without a journal): what a master kept outside its pod
+  // mirrors (kubernetes/master_state.h).
+  std::optional<v1::MasterSnapshot> JournalStateAfter(uint64_t seq) const;
   // The job's timeline (GET /api/v1/events); thread-safe, never takes the job lock.
   const EventLog& events() const { return events_; }
   // Recovery-time histogram (decision -> next round's first step) and the

@@ -55,6 +55,12 @@ void JobMaster::Record(v1::JournalRecord record, bool sync) const {
                 options_.job_id, journal_->dir(), s.ToString());
 }
 
+std::optional<v1::MasterSnapshot> JobMaster::JournalStateAfter(uint64_t seq) const {
+  JobLock lock(&mu_);
+  if (journal_ == nullptr || journal_failed_ || journal_->last_seq() <= seq) return std::nullopt;
+  return journal_->state();
+}
+
 void JobMaster::RecordRound() {
   if (journal_ == nullptr) return;
   v1::JournalRecord r;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckpt/checksum.h"
+#include "common/status_macros.h"
 #include "master/failure_log.h"
 #include "master/node_table.h"
 #include "spdlog/spdlog.h"
@@ -322,9 +323,9 @@ absl::Status Journal::Append(v1::JournalRecord record, bool sync) {
   return absl::OkStatus();
 }
 
-absl::Status Journal::Compact() {
+absl::Status Journal::WriteSnapshot(const v1::MasterSnapshot& snapshot) {
   std::string payload;
-  state().SerializeToString(&payload);
+  snapshot.SerializeToString(&payload);
   std::string file(kSnapshotMagic);
   PutU64(&file, payload.size());
   PutU64(&file, ckpt::ChecksumBytes(payload.data(), payload.size()));
@@ -333,9 +334,25 @@ absl::Status Journal::Compact() {
   // The snapshot holds every record: start an empty log (the header alone).
   if (absl::Status s = WriteFileDurably(options_.dir, LogPath(), kJournalMagic); !s.ok()) return s;
   log_bytes_ = kJournalMagic.size();
-  spdlog::info("journal {}: compacted into a snapshot of {} bytes (seq {})", options_.dir, file.size(),
-               state_.last_seq());
+  spdlog::info("journal {}: a snapshot of {} bytes (seq {})", options_.dir, file.size(), snapshot.last_seq());
+  return absl::OkStatus();
+}
+
+absl::Status Journal::Compact() {
+  if (absl::Status s = WriteSnapshot(state()); !s.ok()) return s;
   return OpenLogForAppend();
+}
+
+absl::StatusOr<bool> Journal::Seed(const std::string& dir, const v1::MasterSnapshot& snapshot) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Journal> j, Open(Options{dir}));
+  if (j->recovered()) return false;
+  if (!snapshot.has_job()) return absl::InvalidArgumentError("the snapshot to seed the journal with holds no job");
+  if (j->fd_ >= 0) {
+    ::close(j->fd_);
+    j->fd_ = -1;
+  }
+  RETURN_IF_ERROR(j->WriteSnapshot(snapshot));
+  return true;
 }
 
 }  // namespace ballast::master

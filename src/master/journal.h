@@ -75,6 +75,11 @@ class Journal {
   // Creates the directory if needed, reads the snapshot and replays the log.
   // Errors: the directory cannot be made or written, the snapshot is corrupt.
   static absl::StatusOr<std::unique_ptr<Journal>> Open(Options options);
+  // Starts the journal in `dir` from a snapshot kept elsewhere (a master pod
+  // that replaced a lost one: kubernetes/master_state.h): writes it as the
+  // snapshot and an empty log. Returns false, writing nothing, when `dir`
+  // already holds a job (this pod's own journal is the newer one).
+  static absl::StatusOr<bool> Seed(const std::string& dir, const v1::MasterSnapshot& snapshot);
   ~Journal();
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
@@ -85,6 +90,7 @@ class Journal {
   v1::MasterSnapshot state() const;
   // Its job record alone, without copying the state.
   const v1::JournalJob& job() const { return state_.job(); }
+  uint64_t last_seq() const { return state_.last_seq(); }
   // What recovery did, for the master's log ("replayed 1234 records ...").
   const std::string& recovery_note() const { return recovery_note_; }
   const std::string& dir() const { return options_.dir; }
@@ -99,6 +105,7 @@ class Journal {
  private:
   explicit Journal(Options options) : options_(std::move(options)) {}
   absl::Status Recover();
+  absl::Status WriteSnapshot(const v1::MasterSnapshot& snapshot);
   absl::Status OpenLogForAppend();
   std::string LogPath() const;
   std::string SnapshotPath() const;

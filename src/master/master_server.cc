@@ -217,6 +217,10 @@ std::optional<JobResult> MasterServer::WaitForFinish(double timeout_s) {
 
 v1::JobStatus MasterServer::Status() const { return impl_->job->Status(); }
 
+std::optional<v1::MasterSnapshot> MasterServer::JournalStateAfter(uint64_t seq) const {
+  return impl_->job->JournalStateAfter(seq);
+}
+
 void MasterServer::Abort(const std::string& message) { impl_->job->Abort(message); }
 
 void MasterServer::Shutdown(double linger_s) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "ballast/v1/journal.pb.h"
 #include "ballast/v1/master.pb.h"
 #include "common/clock.h"
 #include "common/tls.h"
@@ -95,6 +96,8 @@ class MasterServer {
   // Whether this master resumed a job its journal held (an earlier master
   // process served it): the job's nodes are already running.
   bool resumed() const;
+  // The journal's state once it moved past seq (JobMaster::JournalStateAfter).
+  std::optional<v1::MasterSnapshot> JournalStateAfter(uint64_t seq) const;
 
   // Blocks until the job finished or timeout_s passed (< 0: forever).
   std::optional<JobResult> WaitForFinish(double timeout_s = -1);

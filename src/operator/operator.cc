@@ -113,7 +113,14 @@ int Operator::Run(const std::atomic<int>* signal) {
       cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !queue_.empty(); });
       keys.swap(queue_);
     }
-    for (const std::string& k : keys) Reconcile(k);
+    for (const std::string& k : keys) {
+      if (options_.leading && !options_.leading()) {
+        spdlog::error("operator: no longer the leader (its Lease was lost): stopping; another replica reconciles "
+                      "the jobs now");
+        return 1;
+      }
+      Reconcile(k);
+    }
   }
   spdlog::info("operator: stopping (signal {}); jobs keep running under their masters", signal->load());
   return 0;
@@ -200,6 +207,12 @@ void Operator::Reconcile(const std::string& key) {
     // was told to stop may have created one more.
     delete_pods(spec->MasterSelector(), "the job is suspended");
     delete_pods(spec->WorkerSelector(), "the job is suspended");
+    // Its workers are gone: the next master starts the job anew (from its
+    // checkpoints), not from the state of a round no pod runs any more.
+    const std::string state = spec->name + "-master-state";
+    auto r = client_->Delete(kube::ObjectPath("v1", "configmaps", ns, state), Json{},
+                             absl::StrCat("delete ConfigMap ", ns, "/", state));
+    if (!r.ok() && !absl::IsNotFound(r.status())) spdlog::warn("operator: {}", std::string(r.status().message()));
     return;
   }
   for (auto [api, plural, object] :
@@ -211,6 +224,15 @@ void Operator::Reconcile(const std::string& key) {
       spdlog::warn("operator: ElasticJob {}: {}", key, std::string(s.message()));
       return;  // retried at the next resync
     }
+  }
+  // Lets the agents read the job's Lease (where a master that replaced a lost
+  // one serves). Without it the job still runs; a lost master restarts it.
+  if (absl::Status s = EnsureObject("rbac.authorization.k8s.io/v1", "rolebindings", ns,
+                                    k8s::BuildWorkerRoleBinding(*spec));
+      !s.ok()) {
+    spdlog::warn("operator: ElasticJob {}: {} (the agents cannot find a master pod that replaced a lost one: apply "
+                 "deploy/02-rbac.yaml)",
+                 key, std::string(s.message()));
   }
   // The master pod is <job>-master-<status.masterGeneration>, read from the
   // API server, not the cache: a cache that has not seen the newest master

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -45,13 +46,16 @@ struct OperatorOptions {
   std::string master_journal = "/var/lib/ballast/journal";  // in the master pods; "" none (BALLAST_MASTER_JOURNAL)
   double resync_s = 10;
   int max_master_restarts = 5;
+  // Leader election (several replicas): asked before every reconcile; once
+  // false (the leader Lease is lost) Run returns 1 without acting again.
+  std::function<bool()> leading;
 };
 
 class Operator {
  public:
   Operator(kube::KubeClient* client, OperatorOptions options);
   ~Operator();
-  // Runs until *signal is set; returns 0.
+  // Runs until *signal is set (returns 0) or options.leading turns false (1).
   int Run(const std::atomic<int>* signal);
   // One reconcile of ns/name (exposed for tests).
   void Reconcile(const std::string& key);

@@ -34,6 +34,7 @@ BIN = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"
 PYTHON = "/usr/bin/python3"
 NODES = int(os.environ.get("BALLAST_K8S_NODES", "6"))
 NODE_PREFIX = "tk-node"
+OPERATOR_REPLICAS = 2  # deploy/03-operator.yaml
 
 
 def log(msg):
@@ -170,17 +171,29 @@ class Suite:
                      "BALLAST_MASTER_ADDRESS=pod-ip", f"BALLAST_MASTER_JOURNAL={self.journals}")
         # `set env` rolls the Deployment (Recreate): until the first pod is gone, the operator
         # Running may still be the one without the env, reconciling jobs with Service names.
-        def only_the_new_operator():
+        def only_the_new_operators():
             pods = self.pods("ballast-system", "app.kubernetes.io/name=ballast-operator")
-            if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
+            if len(pods) != OPERATOR_REPLICAS or any(p["metadata"].get("deletionTimestamp") for p in pods):
                 return None
-            env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0].get("env", [])}
-            running = pods[0]["status"].get("phase") == "Running"
-            new = env.get("BALLAST_MASTER_ADDRESS") == "pod-ip" and env.get("BALLAST_MASTER_JOURNAL") == self.journals
-            return pods if running and new else None
-        self.wait(only_the_new_operator, 120, "the operator pod (with BALLAST_MASTER_ADDRESS=pod-ip and "
-                  "BALLAST_MASTER_JOURNAL) Running alone")
+            for p in pods:
+                env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0].get("env", [])}
+                if (p["status"].get("phase") != "Running" or env.get("BALLAST_MASTER_ADDRESS") != "pod-ip"
+                        or env.get("BALLAST_MASTER_JOURNAL") != self.journals):
+                    return None
+            return pods
+        self.wait(only_the_new_operators, 120, f"the {OPERATOR_REPLICAS} operator pods (with "
+                  "BALLAST_MASTER_ADDRESS=pod-ip and BALLAST_MASTER_JOURNAL) Running, and no other")
+        # One of them leads (the other stands by): jobs are reconciled from then on.
+        self.wait(lambda: self.operator_leader(), 60, "an operator holding the leader Lease")
         self.installed = True
+
+    def operator_leader(self):
+        """The operator pod holding the leader Lease ("" when none)."""
+        try:
+            lease = self.api("GET", "/apis/coordination.k8s.io/v1/namespaces/ballast-system/leases/ballast-operator")
+        except AssertionError:
+            return ""
+        return lease["spec"].get("holderIdentity") or ""
 
     def pods(self, ns, selector=""):
         q = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""

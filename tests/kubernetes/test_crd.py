@@ -17,7 +17,7 @@ import ssl
 import unittest
 import urllib.request
 
-from _cluster import ROOT, Suite
+from _cluster import OPERATOR_REPLICAS, ROOT, Suite
 
 DEPLOY = os.path.join(ROOT, "deploy")
 EXAMPLE = os.path.join(ROOT, "examples", "kubernetes", "elasticjob.yaml")
@@ -78,7 +78,8 @@ class ElasticJobCRDTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         if cls.operator_scaled:
-            cls.k.kubectl("-n", "ballast-system", "scale", "deployment/ballast-operator", "--replicas=1")
+            cls.k.kubectl("-n", "ballast-system", "scale", "deployment/ballast-operator",
+                          f"--replicas={OPERATOR_REPLICAS}")
 
     def setUp(self):
         self.ns = self.k.namespace(self, prefix="crd")
@@ -295,6 +296,9 @@ class ElasticJobCRDTest(unittest.TestCase):
             ("create", "serviceaccounts", f"-n={self.ns}"),
             ("create", "rolebindings.rbac.authorization.k8s.io", f"-n={self.ns}"),
             ("bind", "clusterroles.rbac.authorization.k8s.io/ballast-master"),
+            ("bind", "clusterroles.rbac.authorization.k8s.io/ballast-worker"),
+            ("delete", "configmaps", f"-n={self.ns}"),
+            ("update", "leases.coordination.k8s.io", "-n=ballast-system"),
             ("watch", "elasticjobs.ballast.dev", "--all-namespaces"),
             ("update", "elasticjobs.ballast.dev", "--subresource=status", f"-n={self.ns}"),
             ("patch", "elasticjobs.ballast.dev", "--subresource=status", f"-n={self.ns}"),
@@ -341,9 +345,13 @@ class ElasticJobCRDTest(unittest.TestCase):
         master_yes = [("create", "pods"), ("patch", "pods"), ("delete", "pods"), ("watch", "pods"),
                       ("create", "events"), ("create", "events.events.k8s.io"),
                       ("get", "elasticjobs.ballast.dev"), ("watch", "elasticjobs.ballast.dev"),
-                      ("patch", "elasticjobs.ballast.dev", "--subresource=status")]
+                      ("patch", "elasticjobs.ballast.dev", "--subresource=status"),
+                      # The job's Lease and its state outside the master pod (takeover).
+                      ("create", "leases.coordination.k8s.io"), ("update", "leases.coordination.k8s.io"),
+                      ("create", "configmaps"), ("update", "configmaps"), ("get", "configmaps")]
         master_no = [("update", "elasticjobs.ballast.dev"), ("delete", "elasticjobs.ballast.dev"),
-                     ("get", "secrets"), ("create", "pods", "--subresource=exec"), ("create", "services")]
+                     ("get", "secrets"), ("create", "pods", "--subresource=exec"), ("create", "services"),
+                     ("delete", "leases.coordination.k8s.io"), ("delete", "configmaps")]
         for args in master_yes:
             ans, p = self.can_i(*args, f"-n={self.ns}", as_=master_sa)
             self.assertEqual(ans, "yes", f"master can-i {' '.join(args)}" + out(p))
@@ -352,6 +360,19 @@ class ElasticJobCRDTest(unittest.TestCase):
         for args in master_no:
             ans, p = self.can_i(*args, f"-n={self.ns}", as_=master_sa)
             self.assertEqual(ans, "no", f"master can-i {' '.join(args)}" + out(p))
+
+        # The workers' service account, bound to ballast-worker by the operator: it reads
+        # the job's Lease (where a new master serves) and nothing else.
+        worker_sa = f"system:serviceaccount:{self.ns}:default"
+        p = self.k.kubectl("-n", self.ns, "create", "rolebinding", "job-worker", "--clusterrole=ballast-worker",
+                           f"--serviceaccount={self.ns}:default", as_op, check=False)
+        self.assertEqual(p.returncode, 0, "the operator cannot bind ballast-worker" + out(p))
+        ans, p = self.can_i("get", "leases.coordination.k8s.io", f"-n={self.ns}", as_=worker_sa)
+        self.assertEqual(ans, "yes", "worker can-i get leases" + out(p))
+        for args in [("update", "leases.coordination.k8s.io"), ("get", "configmaps"), ("get", "secrets"),
+                     ("list", "pods")]:
+            ans, p = self.can_i(*args, f"-n={self.ns}", as_=worker_sa)
+            self.assertEqual(ans, "no", f"worker can-i {' '.join(args)}" + out(p))
 
 
 if __name__ == "__main__":

@@ -269,6 +269,16 @@ absl::StatusOr<Json> BuildWorkerPod(const ElasticJobSpec& job, const WorkerPodPa
                            // Which agent of its node rank this is (fault drills: BALLAST_CHAOS).
                            EnvValue(kChaosIncarnationEnv, std::to_string(p.incarnation))};
   if (!job.checkpoint_dir.empty()) env.push_back(EnvValue("BALLAST_CKPT_DIR", job.checkpoint_dir));
+  // A lost master pod is replaced and takes the job over: its Lease says
+  // where it serves (whatever the address mode), and the agents train on
+  // while it comes back - after a node loss, the pod eviction first (5 min
+  // at Kubernetes' defaults), unless the template says otherwise.
+  env.push_back(EnvValue(kMasterLeaseEnv, absl::StrCat(job.ns, "/", job.MasterName())));
+  bool reconnect_set = false;
+  if (c.contains("env") && c["env"].is_array()) {
+    for (const Json& e : c["env"]) reconnect_set = reconnect_set || e.value("name", "") == kReconnectTimeoutEnv;
+  }
+  if (!reconnect_set) env.push_back(EnvValue(kReconnectTimeoutEnv, "900"));
   SetEnv(&c, env);
   if (!p.avoid_hosts.empty()) {
     // Required node anti-affinity, added to every term the template has
@@ -295,13 +305,20 @@ Json BuildMasterPod(const ElasticJobSpec& job, const MasterPodParams& p) {
       {"image", p.image},
       {"command",
        {p.ballast, "master", "--kubernetes-job", job.name, "--namespace", job.ns, "--host", "$(BALLAST_POD_IP)",
-        "--port", std::to_string(kMasterPort), "--advertise-host", advertise}},
-      {"ports", Json::array({Json{{"name", "grpc"}, {"containerPort", kMasterPort}}})},
+        "--port", std::to_string(kMasterPort), "--advertise-host", advertise, "--http-port",
+        std::to_string(kMasterHttpPort)}},
+      {"ports", Json::array({Json{{"name", "grpc"}, {"containerPort", kMasterPort}},
+                             Json{{"name", "http"}, {"containerPort", kMasterHttpPort}}})},
       {"env",
        Json::array({EnvSecret("BALLAST_TOKEN", job.TokenSecret(), kTokenKey), EnvField("BALLAST_POD_IP", "status.podIP"),
                     EnvField("BALLAST_POD_NAME", "metadata.name")})},
       {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}, {"limits", {{"memory", "1Gi"}}}}},
   };
+  // Prometheus' kubernetes_sd pod role finds the master by these (the scrape
+  // needs the job token: README, "Metrics on Kubernetes").
+  pod["metadata"]["annotations"] = {{"prometheus.io/scrape", "true"},
+                                    {"prometheus.io/port", std::to_string(kMasterHttpPort)},
+                                    {"prometheus.io/path", "/metrics"}};
   pod["spec"] = {{"serviceAccountName", job.MasterName()},
                  {"restartPolicy", "Never"},
                  {"terminationGracePeriodSeconds", 30}};
@@ -327,7 +344,9 @@ Json BuildMasterService(const ElasticJobSpec& job) {
   svc["spec"] = {{"selector", {{kJobLabel, job.name}, {kRoleLabel, "master"}}},
                  // Agents connect while the master pod starts.
                  {"publishNotReadyAddresses", true},
-                 {"ports", Json::array({Json{{"name", "grpc"}, {"port", kMasterPort}, {"targetPort", kMasterPort}}})}};
+                 {"ports", Json::array({Json{{"name", "grpc"}, {"port", kMasterPort}, {"targetPort", kMasterPort}},
+                                        Json{{"name", "http"}, {"port", kMasterHttpPort},
+                                             {"targetPort", kMasterHttpPort}}})}};
   return svc;
 }
 
@@ -349,6 +368,18 @@ Json BuildMasterRoleBinding(const ElasticJobSpec& job) {
   rb["metadata"] = Metadata(job, job.MasterName(), "master");
   rb["roleRef"] = {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "ballast-master"}};
   rb["subjects"] = Json::array({Json{{"kind", "ServiceAccount"}, {"name", job.MasterName()}, {"namespace", job.ns}}});
+  return rb;
+}
+
+Json BuildWorkerRoleBinding(const ElasticJobSpec& job) {
+  Json rb = {{"apiVersion", "rbac.authorization.k8s.io/v1"}, {"kind", "RoleBinding"}};
+  rb["metadata"] = Metadata(job, job.name + "-worker", "worker");
+  rb["roleRef"] = {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "ballast-worker"}};
+  const Json spec = job.pod_template.value("spec", Json::object());
+  std::string sa = spec.value("serviceAccountName", "");
+  if (sa.empty()) sa = spec.value("serviceAccount", "");
+  if (sa.empty()) sa = "default";
+  rb["subjects"] = Json::array({Json{{"kind", "ServiceAccount"}, {"name", sa}, {"namespace", job.ns}}});
   return rb;
 }
 

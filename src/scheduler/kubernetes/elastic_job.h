@@ -35,6 +35,14 @@ inline constexpr char kIncarnationLabel[] = "ballast.dev/incarnation";
 inline constexpr char kMasterJournalDir[] = "/var/lib/ballast/journal";
 inline constexpr char kTokenKey[] = "token";
 inline constexpr int kMasterPort = 29400;
+inline constexpr int kMasterHttpPort = 29401;  // dashboard, /api/v1/*, /metrics
+// On the job's master Lease (<job>-master, coordination.k8s.io): host:port
+// where the master holding it serves. Agents read it when they lose their
+// master (BALLAST_MASTER_LEASE = ns/name in the worker pods).
+inline constexpr char kMasterEndpointAnnotation[] = "ballast.dev/master-endpoint";
+inline constexpr char kMasterLeaseEnv[] = "BALLAST_MASTER_LEASE";
+// How long agents wait for a lost master (Tunables reconnect_timeout_s).
+inline constexpr char kReconnectTimeoutEnv[] = "BALLAST_RECONNECT_TIMEOUT_S";
 
 struct ElasticJobSpec {
   std::string ns, name, uid;
@@ -89,7 +97,8 @@ struct WorkerPodParams {
 // (rendezvous endpoint, node range, rank, its pod IP as --local-addr) with
 // BALLAST_TOKEN from the job's Secret, BALLAST_NODE_ID = the pod name,
 // BALLAST_POD_IP, BALLAST_CKPT_DIR, BALLAST_CHAOS_INCARNATION = the
-// incarnation; avoid_hosts become required node
+// incarnation, BALLAST_MASTER_LEASE = ns/<job>-master (where a moved master
+// is found), BALLAST_RECONNECT_TIMEOUT_S = 900 unless the template sets it; avoid_hosts become required node
 // anti-affinity. kInvalidArgument naming the template field when the
 // template has no container or no command.
 absl::StatusOr<Json> BuildWorkerPod(const ElasticJobSpec& job, const WorkerPodParams& params);
@@ -114,6 +123,10 @@ Json BuildMasterService(const ElasticJobSpec& job);
 Json BuildTokenSecret(const ElasticJobSpec& job, const std::string& token);
 Json BuildMasterServiceAccount(const ElasticJobSpec& job);
 Json BuildMasterRoleBinding(const ElasticJobSpec& job);
+// <job>-worker: ClusterRole ballast-worker (get leases) for the service
+// account the worker pods run as (the template's, else "default"), so an
+// agent that lost its master finds the next one in the job's Lease.
+Json BuildWorkerRoleBinding(const ElasticJobSpec& job);
 
 // RFC 3339 UTC time ("2026-12-01T10:00:00Z") for status and events.
 std::string Rfc3339Now();

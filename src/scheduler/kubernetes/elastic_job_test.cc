@@ -135,7 +135,19 @@ TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
   EXPECT_EQ(env["BALLAST_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
   EXPECT_EQ(env["BALLAST_CKPT_DIR"]["value"], "/ckpt");
   EXPECT_EQ(env["BALLAST_CHAOS_INCARNATION"]["value"], "2");
+  // Where a master that replaced a lost one serves, and how long to wait for it.
+  EXPECT_EQ(env["BALLAST_MASTER_LEASE"]["value"], "ml/train-master");
+  EXPECT_EQ(env["BALLAST_RECONNECT_TIMEOUT_S"]["value"], "900");
   EXPECT_FALSE(spec.contains("affinity"));
+  // The template's own reconnect timeout stays.
+  Json j = Job();
+  j["spec"]["template"]["spec"]["containers"][0]["env"].push_back({{"name", "BALLAST_RECONNECT_TIMEOUT_S"},
+                                                                   {"value", "60"}});
+  auto own = BuildWorkerPod(*ParseElasticJob(j), p);
+  ASSERT_TRUE(own.ok());
+  std::map<std::string, Json> own_env;
+  for (const Json& e : (*own)["spec"]["containers"][0]["env"]) own_env[e["name"]] = e;
+  EXPECT_EQ(own_env["BALLAST_RECONNECT_TIMEOUT_S"]["value"], "60");
 }
 
 TEST(BuildWorkerPod, AvoidedHostsBecomeAntiAffinityInEveryTerm) {
@@ -169,12 +181,26 @@ TEST(MasterObjects, PodServiceAndBindingNameTheJob) {
   EXPECT_EQ(pod["spec"]["serviceAccountName"], "train-master");
   std::vector<std::string> cmd = pod["spec"]["containers"][0]["command"];
   EXPECT_THAT(cmd, ElementsAre("ballast", "master", "--kubernetes-job", "train", "--namespace", "ml", "--host",
-                               "$(BALLAST_POD_IP)", "--port", "29400", "--advertise-host", "$(BALLAST_POD_IP)"));
+                               "$(BALLAST_POD_IP)", "--port", "29400", "--advertise-host", "$(BALLAST_POD_IP)",
+                               "--http-port", "29401"));
   EXPECT_FALSE(pod["spec"].contains("volumes"));
+  EXPECT_EQ(pod["metadata"]["annotations"]["prometheus.io/scrape"], "true");
+  EXPECT_EQ(pod["metadata"]["annotations"]["prometheus.io/port"], "29401");
   Json svc_pod = BuildMasterPod(*job, MasterPodParams{1, "img", "service", "ballast", ""});
-  EXPECT_EQ(svc_pod["spec"]["containers"][0]["command"].back(), "train-master.ml.svc");
-  EXPECT_EQ(BuildMasterService(*job)["spec"]["selector"]["ballast.dev/role"], "master");
+  std::vector<std::string> svc_cmd = svc_pod["spec"]["containers"][0]["command"];
+  EXPECT_EQ(svc_cmd[11], "train-master.ml.svc");
+  const Json svc = BuildMasterService(*job);
+  EXPECT_EQ(svc["spec"]["selector"]["ballast.dev/role"], "master");
+  EXPECT_EQ(svc["spec"]["ports"][1], Json::parse(R"({"name": "http", "port": 29401, "targetPort": 29401})"));
   EXPECT_EQ(BuildMasterRoleBinding(*job)["roleRef"]["name"], "ballast-master");
+  // The workers' service account may read the job's Lease (the template's, else "default").
+  const Json wrb = BuildWorkerRoleBinding(*job);
+  EXPECT_EQ(wrb["metadata"]["name"], "train-worker");
+  EXPECT_EQ(wrb["roleRef"]["name"], "ballast-worker");
+  EXPECT_EQ(wrb["subjects"][0]["name"], "default");
+  Json j = Job();
+  j["spec"]["template"]["spec"]["serviceAccountName"] = "trainer-sa";
+  EXPECT_EQ(BuildWorkerRoleBinding(*ParseElasticJob(j))["subjects"][0]["name"], "trainer-sa");
   EXPECT_EQ(BuildTokenSecret(*job, "tok")["stringData"]["token"], "tok");
 }
 

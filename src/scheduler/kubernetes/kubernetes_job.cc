@@ -6,7 +6,12 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/net.h"
 #include "common/tunables.h"
+#include "kube/lease.h"
+#include "master/journal.h"
+#include "scheduler/kubernetes/master_state.h"
 #include "scheduler/kubernetes/kubernetes_scheduler.h"
 #include "scheduler/node_manager.h"
 #include "spdlog/spdlog.h"
@@ -56,10 +61,23 @@ JobStatusWriter::~JobStatusWriter() {
   thread_.join();
 }
 
+void JobStatusWriter::SetGate(std::function<bool()> may_write) {
+  std::lock_guard<std::mutex> lock(mu_);
+  may_write_ = std::move(may_write);
+}
+
 void JobStatusWriter::Enqueue(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
+    queue_.push_back([this, task = std::move(task)] {
+      std::function<bool()> gate;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        gate = may_write_;
+      }
+      if (gate && !gate()) return;  // another master writes the job's status now
+      task();
+    });
   }
   cv_.notify_one();
 }
@@ -132,6 +150,7 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
   s["replacements"] = replacements;
   s["message"] = st.message();
   if (!pod_name_.empty()) s["masterPod"] = pod_name_;
+  if (st.goodput().known()) s["goodput"] = absl::StrFormat("%.1f%%", 100 * st.goodput().goodput());
   // Events for round changes, before the status that shows them.
   if (st.round() > last_round_) {
     if (last_round_ == 0) {
@@ -162,14 +181,26 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
     s["startTime"] = Rfc3339Now();
   }
   if (compare == last_ && !s.contains("startTime")) return;
+  Json without_goodput = compare;
+  without_goodput.erase("goodput");
+  Json last_without_goodput = last_;
+  if (last_without_goodput.is_object()) last_without_goodput.erase("goodput");
+  const auto now = std::chrono::steady_clock::now();
+  if (without_goodput == last_without_goodput && !s.contains("startTime") &&
+      now - goodput_written_ < std::chrono::seconds(5)) {
+    return;  // only goodput moved: every 5 s is enough for `kubectl get`
+  }
+  goodput_written_ = now;
   last_ = compare;
   SetCondition(&s, running ? "Running" : "Pending", running ? "RoundRunning" : "WaitingForNodes",
                st.message());
   Patch(s);
 }
 
-void JobStatusWriter::Finish(bool succeeded, const std::string& message, int restarts, int replacements) {
+void JobStatusWriter::Finish(bool succeeded, const std::string& message, int restarts, int replacements,
+                             const v1::Goodput& goodput) {
   Json s;
+  if (goodput.known()) s["goodput"] = absl::StrFormat("%.1f%%", 100 * goodput.goodput());
   s["phase"] = succeeded ? "Succeeded" : "Failed";
   s["message"] = message;
   s["restarts"] = restarts;
@@ -185,7 +216,7 @@ void JobStatusWriter::Resume(const Json& status) {
   // The fields this master applies (Update, Finish): applying without one it
   // applied before would remove it. The operator's own fields stay its own.
   for (const char* k : {"phase", "round", "nodes", "workers", "world", "restarts", "replacements", "message",
-                        "masterPod", "startTime"}) {
+                        "masterPod", "startTime", "goodput"}) {
     if (status.contains(k)) applied_[k] = status[k];
   }
   if (status.contains("conditions") && status["conditions"].is_array()) {
@@ -232,7 +263,54 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     return 1;
   }
   JobStatusWriter status(&client, *job, o.pod_name);
-
+  // One master acts for the job at a time: it holds the job's Lease, whose
+  // annotation tells agents where it serves (they look when they lose it).
+  const std::string identity = o.pod_name.empty() ? absl::StrCat(HostName(), "-", getpid()) : o.pod_name;
+  kube::LeaseOptions lo;
+  lo.ns = job->ns;
+  lo.name = job->MasterName();
+  lo.identity = identity;
+  lo.annotations[kMasterEndpointAnnotation] =
+      absl::StrCat(o.advertise_host.empty() ? o.bind_host : o.advertise_host, ":", o.port);
+  lo.owner_reference = OwnerReference(*job);
+  lo.what = absl::StrCat("the master lease of ElasticJob ", job->Describe());
+  kube::LeaderLease lease(&client, lo);
+  const auto lease_wait = std::chrono::steady_clock::now();
+  absl::Status acquired = lease.Acquire(signal, -1, [&](const std::string& holder) {
+    spdlog::warn("ElasticJob {}: master {} holds the job's Lease; waiting until it releases it or stops renewing "
+                 "it for {} s",
+                 job->Describe(), holder.empty() ? "?" : holder, lo.lease_duration_s);
+  });
+  if (!acquired.ok()) return 128 + signal->load();
+  const double lease_wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - lease_wait).count();
+  status.SetGate([&lease] { return lease.held(); });
+  // The state the job's last master kept outside its pod: a master pod that
+  // replaces a lost one resumes the job from it (the worker pods train on).
+  MasterStateStore store(&client, *job, identity);
+  bool mirror = !o.journal_dir.empty();
+  std::string took_over_from;
+  if (auto claimed = store.Claim(); !claimed.ok()) {
+    spdlog::warn("ElasticJob {}: {}; this master's state is not kept outside its pod, so losing the pod restarts "
+                 "the workers (the master needs configmaps get/create/update: deploy/02-rbac.yaml)",
+                 job->Describe(), std::string(claimed.status().message()));
+    mirror = false;
+  } else if (claimed->has_value() && o.journal_dir.empty()) {
+    spdlog::warn("ElasticJob {}: master {} kept the job's state, but this master runs without --journal: the job "
+                 "starts over from its checkpoints",
+                 job->Describe(), store.claimed_from());
+  } else if (claimed->has_value()) {
+    auto seeded = master::Journal::Seed(o.journal_dir, **claimed);
+    if (!seeded.ok()) {
+      status.Finish(false, std::string(seeded.status().message()), 0, 0);
+      PrintError(std::string(seeded.status().message()));
+      return 1;
+    }
+    if (*seeded) {
+      took_over_from = store.claimed_from();
+      spdlog::warn("ElasticJob {}: resuming the job from the state master {} kept (round {}, restart count {})",
+                   job->Describe(), took_over_from, (*claimed)->round().round(), (*claimed)->round().restart_count());
+    }
+  }
   master::MasterOptions mo;
   mo.bind_host = o.bind_host;
   mo.port = o.port;
@@ -252,6 +330,8 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   mo.on_node_lost = forward.lost;
   mo.on_node_excluded = forward.excluded;
   mo.journal_dir = o.journal_dir;
+  mo.http_port = o.http_port;
+  mo.metrics_public = o.metrics_public;
   auto server = master::MasterServer::Start(mo);
   if (!server.ok()) {
     status.Finish(false, std::string(server.status().message()), 0, 0);
@@ -259,6 +339,9 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     return 1;
   }
   master::MasterServer& m = **server;
+  MasterStateMirror mirror_state(
+      &store, [&m](uint64_t seq) { return m.JournalStateAfter(seq); }, [&m] { return m.Status().round(); });
+  auto may_act = [&lease, &mirror_state] { return lease.held() && !mirror_state.fenced(); };
   spdlog::info("ElasticJob {}: master on {} (agents dial {}); nodes {}:{} x {} workers, {} spare(s)",
                job->Describe(), absl::StrCat(o.bind_host, ":", m.port()), m.address(), job->min_nodes,
                job->max_nodes, job->nproc_per_node, job->spares);
@@ -272,7 +355,8 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   so.master_endpoint = m.address();
   so.ballast = o.ballast;
   so.pending_timeout_s = job->pending_timeout_s;
-  so.adopt = m.resumed();  // the earlier master process's pods train on
+  so.adopt = m.resumed();  // the earlier master's pods train on
+  so.may_act = may_act;
   auto sched = KubernetesScheduler::Start(so);
   if (!sched.ok()) {
     m.Abort(std::string(sched.status().message()));
@@ -294,16 +378,25 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   if (absl::Status s = nodes.Start(); !s.ok()) m.Abort(std::string(s.message()));
   if (m.resumed()) {
     const v1::JobStatus st = m.Status();
-    status.Event("MasterResumed",
-                 absl::StrCat("the master process restarted and resumed the job from its journal (round ", st.round(),
-                              ", ", st.restart_count(), " restart(s)); took over ", (*sched)->AdoptedNodes().size(),
-                              " worker pod(s), which train on"),
-                 true);
+    if (!took_over_from.empty()) {
+      status.Event("MasterTookOver",
+                   absl::StrCat("master pod ", identity, " took over the job from ", took_over_from, " (round ",
+                                st.round(), ", ", st.restart_count(), " restart(s); waited ",
+                                absl::StrFormat("%.1f", lease_wait_s), " s for the job's Lease): ",
+                                (*sched)->AdoptedNodes().size(), " worker pod(s) train on"),
+                   true);
+    } else {
+      status.Event("MasterResumed",
+                   absl::StrCat("the master process restarted and resumed the job from its journal (round ",
+                                st.round(), ", ", st.restart_count(), " restart(s)); took over ",
+                                (*sched)->AdoptedNodes().size(), " worker pod(s), which train on"),
+                   true);
+    }
   }
-
+  if (mirror) mirror_state.Start();
   std::set<std::string> cordoned;
   std::optional<master::JobResult> result;
-  while (!result.has_value() && signal->load() == 0) {
+  while (!result.has_value() && signal->load() == 0 && may_act()) {
     result = m.WaitForFinish(0.1);
     if (result.has_value()) break;
     nodes.Poll(/*job_finished=*/false);
@@ -331,17 +424,31 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   }
   const int sig = signal->load();
   if (!result.has_value()) {
-    // Deleted or suspended (the operator deletes this pod), or shut down.
-    spdlog::warn("ElasticJob {}: master stopped by signal {}: deleting the worker pods", job->Describe(), sig);
-    (*sched)->StopAll(Tunables::Get().stop_grace_s);
+    // This pod is being deleted (by a person, an eviction, a drain: the
+    // operator starts the next master, which takes the job over), or
+    // another master holds the job's Lease now. Never touch the worker pods
+    // here: they train on (the pods of a deleted or suspended job are
+    // deleted by the garbage collector or the operator).
+    if (!may_act()) {
+      spdlog::error("ElasticJob {}: this master stops acting for the job: {}", job->Describe(),
+                    mirror_state.fenced() ? mirror_state.fenced_why()
+                                          : absl::StrCat("it lost the job's Lease (", lease.lost_reason(), ")"));
+    } else {
+      spdlog::warn("ElasticJob {}: master stopped by signal {}: the worker pods train on; the next master takes "
+                   "them over",
+                   job->Describe(), sig);
+    }
+    mirror_state.Stop(/*final_save=*/may_act());
     m.Shutdown(0);
-    return 128 + sig;
+    lease.Release();
+    return sig != 0 ? 128 + sig : 3;
   }
+  mirror_state.Stop(/*final_save=*/true);
   status.Finish(result->succeeded,
                 result->succeeded ? absl::StrCat("job succeeded: ", result->restart_count, " restart(s), ",
                                                  nodes.replacements(), " pod replacement(s)")
                                   : result->message,
-                result->restart_count, nodes.replacements());
+                result->restart_count, nodes.replacements(), m.Status().goodput());
   // Agents exit on JobFinished; give them the time to, then clean up.
   m.Shutdown(Tunables::Get().finish_linger_s);
   for (int i = 0; i < 40 && !(*sched)->RunningNodes().empty(); ++i) {
@@ -358,6 +465,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     nodes.Poll(/*job_finished=*/true);
     usleep(100000);
   }
+  lease.Release();
   if (result->succeeded) {
     std::printf("ballast master: ElasticJob %s succeeded (%d restarts, %d pod replacements)\n",
                 job->Describe().c_str(), result->restart_count, nodes.replacements());

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -36,6 +37,10 @@ struct KubernetesJobOptions {
   // the job (an earlier master process in this pod died), the master resumes
   // it and takes over the worker pods instead of starting new ones.
   std::string journal_dir;
+  // The dashboard, /api/v1/job, /api/v1/events and /metrics (the job token,
+  // unless metrics_public): -1 off.
+  int http_port = kMasterHttpPort;
+  bool metrics_public = false;
 };
 
 // Runs the job to its end. Returns the exit code: 0 succeeded, 1 failed (or
@@ -58,7 +63,8 @@ class JobStatusWriter {
   // round changes become events (Started, Restarted, ScaledDown, ScaledUp).
   void Update(const v1::JobStatus& status, int replacements);
   // Final: Succeeded or Failed, with the message and an event.
-  void Finish(bool succeeded, const std::string& message, int restarts, int replacements);
+  void Finish(bool succeeded, const std::string& message, int restarts, int replacements,
+              const v1::Goodput& goodput = v1::Goodput());
   void Event(const std::string& reason, const std::string& message, bool warning);
   // Sets .status fields (merged into what this master applied before), e.g.
   // {"phase": "Failed", "message": ...}, and applies the whole.
@@ -66,6 +72,9 @@ class JobStatusWriter {
   // A master that resumed the job: carries on from the .status an earlier
   // master process wrote (its fields stay applied; no second Started event).
   void Resume(const kube::Json& status);
+  // Fencing: asked before each write; false (this master lost the job's
+  // Lease) drops it.
+  void SetGate(std::function<bool()> may_write);
 
  private:
   void Enqueue(std::function<void()> task);
@@ -75,6 +84,7 @@ class JobStatusWriter {
   kube::KubeClient* const client_;
   const ElasticJobSpec job_;
   const std::string pod_name_;
+  std::function<bool()> may_write_;  // set before the first write
   kube::Json last_;          // the last status compared (the loop thread's copy)
   kube::Json applied_ = kube::Json::object();  // every status field this master owns
   kube::Json conditions_ = kube::Json::array();
@@ -82,6 +92,8 @@ class JobStatusWriter {
   int last_restarts_ = 0;
   int last_nodes_ = 0;
   bool started_ = false;
+  // Goodput moves on its own: a change of it alone is written at most this often.
+  std::chrono::steady_clock::time_point goodput_written_{};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -91,6 +91,7 @@ absl::Status KubernetesScheduler::DeleteStalePods() {
                job.Describe());
   for (const kube::Json& pod : stale) {
     const std::string name = kube::Str(pod, {"metadata", "name"});
+    if (Fenced("delete pod " + name)) return absl::FailedPreconditionError("this master no longer acts for the job");
     auto r = options_.client->Delete(PodPath(job, name), kube::Json{{"gracePeriodSeconds", 0}},
                                      absl::StrCat("delete pod ", job.ns, "/", name));
     if (!r.ok() && !absl::IsNotFound(r.status())) return r.status();
@@ -203,6 +204,7 @@ void KubernetesScheduler::Create(const std::string& name, kube::Json pod) {
   const double deadline = Now() + 30;
   double backoff = 0.2;
   while (true) {
+    if (Fenced(what)) return;
     auto r = options_.client->Create(PodsPath(options_.job), pod, what);
     if (r.ok()) {
       spdlog::info("kubernetes: created pod {}/{}", options_.job.ns, name);
@@ -242,6 +244,12 @@ void KubernetesScheduler::Create(const std::string& name, kube::Json pod) {
   PushLocked(NodeEvent::Kind::kLost, name, absl::StrCat("cannot create its pod: ", last.message()));
 }
 
+bool KubernetesScheduler::Fenced(const std::string& what) const {
+  if (!options_.may_act || options_.may_act()) return false;
+  spdlog::warn("kubernetes: not doing it ({}): this master no longer holds the job's Lease", what);
+  return true;
+}
+
 void KubernetesScheduler::Delete(const std::string& name, double grace_s, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   DeleteLocked(name, grace_s, why);
@@ -254,6 +262,7 @@ void KubernetesScheduler::DeleteLocked(const std::string& name, double grace_s, 
     return;
   }
   Submit([this, name, grace_s, why] {
+    if (Fenced(absl::StrCat("delete pod ", name))) return;
     kube::Json opts = {{"gracePeriodSeconds", static_cast<int64_t>(grace_s + 0.5)}, {"propagationPolicy", "Background"}};
     auto r = options_.client->Delete(PodPath(options_.job, name), opts,
                                      absl::StrCat("delete pod ", options_.job.ns, "/", name));

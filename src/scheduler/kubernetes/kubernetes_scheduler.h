@@ -61,6 +61,9 @@ struct KubernetesSchedulerOptions {
   // Take over the job's existing worker pods (the master resumed from its
   // journal) instead of deleting them.
   bool adopt = false;
+  // Fencing: asked before every pod create or delete; false (this master
+  // lost the job's Lease: another one acts for the job) skips the call.
+  std::function<bool()> may_act;
 };
 
 class KubernetesScheduler : public SchedulerInterface {
@@ -109,6 +112,8 @@ class KubernetesScheduler : public SchedulerInterface {
   void AdoptPods();
   void Submit(std::function<void()> task);
   void Create(const std::string& name, kube::Json pod);
+  // True (and says so) when options_.may_act refuses: the call is skipped.
+  bool Fenced(const std::string& what) const;
   // Deletes the pod (with a grace period) from a pool thread; one still being
   // created is deleted when its create returns. DeleteLocked: mu_ is held.
   void Delete(const std::string& name, double grace_s, const std::string& why);
