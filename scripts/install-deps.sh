@@ -15,6 +15,8 @@ PKGS=(
   prometheus chromium
   # `ballast simulate --png` draws its chart with matplotlib.
   python3-matplotlib
+  # The Helm chart's test reads helm's rendered YAML.
+  python3-yaml
   # Test infrastructure for the Slurm backend tests: a real multi-node Slurm
   # (slurmctld + one slurmd per network namespace, munge auth) built by
   # tests/slurm/slurm_cluster.py.
