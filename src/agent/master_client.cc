@@ -114,6 +114,8 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
     if (remaining <= 0) break;
     if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");
     backoff = std::min(backoff * 2, options_.backoff_max_s);
+    // A pod created by a master that is gone since: its successor is elsewhere.
+    if (attempts >= 3 && Relocate()) backoff = options_.backoff_initial_s;
   }
   return absl::UnavailableError(absl::StrCat("no answer from ", endpoint(), " after ", attempts,
                                              " attempts: ", last.message(),

@@ -67,6 +67,7 @@ class MasterFailoverTest(unittest.TestCase):
         self.assertEqual(st["masterGeneration"], 2, j.debug())
         self.assertEqual(st.get("masterPod"), f"{name}-master-2", j.debug())
         stall = 0.0
+        next_step = []
         for rank in range(2):
             evs = read_events(self.out, rank)
             starts = [e for e in evs if e["event"] == "start"]
@@ -76,6 +77,7 @@ class MasterFailoverTest(unittest.TestCase):
             self.assertEqual(steps, list(range(1, len(steps) + 1)), f"rank {rank} never repeated a step")
             times = [e["t"] for e in evs if e["event"] == "step"]
             stall = max([stall] + [b - a for a, b in zip(times, times[1:]) if b > lost_at - 1])
+            next_step.append(min((t for t in times if t > lost_at), default=float("inf")) - lost_at)
         reasons = j.reasons()
         self.assertIn("MasterRestarted", reasons, j.debug())
         self.assertIn("MasterTookOver", reasons, j.debug())
@@ -85,10 +87,12 @@ class MasterFailoverTest(unittest.TestCase):
         self.assertIn("2 worker pod(s) train on", took)
         lease = self.lease(name)
         self.assertEqual(lease["spec"].get("leaseTransitions"), 1, "master 1, then master 2: " + str(lease))
-        self.assertEqual(lease["spec"].get("holderIdentity", ""), "", "released when the job ended")
+        # Released once the master has cleaned up after the job (after its final status).
+        self.k.wait(lambda: not self.lease(name)["spec"].get("holderIdentity"), 60, "the Lease released")
         took_over_s = parse_time(lease["spec"]["acquireTime"]) - lost_at
-        print(f"\nmeasure: {name}: new master holds the Lease {took_over_s:.2f} s after the loss; longest gap "
-              f"between two steps after it {stall:.2f} s (steps take 0.15 s); {took}", flush=True)
+        print(f"\nmeasure: {name}: new master holds the Lease {took_over_s:.2f} s after the loss; every rank's "
+              f"next step {max(next_step):.2f} s after it; longest gap between two steps from then on "
+              f"{stall:.2f} s (steps take 0.15 s); {took}", flush=True)
         return took_over_s, stall
 
     def test_master_pod_deleted_mid_training_a_new_one_takes_over_and_no_worker_restarts(self):
