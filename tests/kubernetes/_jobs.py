@@ -4,7 +4,9 @@ what to wait for and read back."""
 import json
 import os
 import sys
+import tempfile
 import time
+import unittest
 
 from _cluster import ROOT, PYTHON, Suite
 
@@ -110,3 +112,20 @@ def worlds_seen(out, world):
 
 def wait_steps(k, out, ranks, step, timeout, what=""):
     return k.wait(lambda: min_step(out, ranks) >= step, timeout, f"every rank at step {step} {what}")
+
+
+class JobTestCase(unittest.TestCase):
+    """A test on the suite's cluster with the operator installed: self.k, a fresh namespace
+    self.ns (deleted at cleanup) and an output folder self.out for the workers' events."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.k = Suite.get()
+        cls.k.install()
+
+    def setUp(self):
+        self.ns = self.k.namespace(self)
+        self.out = tempfile.mkdtemp(prefix="ballast-k8s-out-")
+
+    def harness(self, name):
+        return JobHarness(self, self.k, self.ns, name)

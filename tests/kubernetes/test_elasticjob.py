@@ -14,12 +14,9 @@ deleting the job deletes everything it made.
 """
 import os
 import signal
-import tempfile
-import time
 import unittest
 
-from _cluster import Suite
-from _jobs import JobHarness, done_ranks, min_step, sleep_job, train_job, wait_steps, worlds_seen
+from _jobs import JobTestCase, done_ranks, min_step, sleep_job, train_job, wait_steps, worlds_seen
 
 
 def all_pids():
@@ -34,18 +31,7 @@ def parent_of(pid):
         return -1
 
 
-class ElasticJobTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.k = Suite.get()
-        cls.k.install()
-
-    def setUp(self):
-        self.ns = self.k.namespace(self)
-        self.out = tempfile.mkdtemp(prefix="ballast-k8s-out-")
-
-    def harness(self, name):
-        return JobHarness(self, self.k, self.ns, name)
+class ElasticJobTest(JobTestCase):
 
     def assert_no_failed_pods_left(self, j):
         failed = [p["metadata"]["name"] for p in j.pods() if p["status"].get("phase") == "Failed"]

@@ -12,13 +12,10 @@ restarts (TORCHELASTIC_RESTART_COUNT stays 0), no rank repeats a step, and an ev
 says what happened.
 """
 import datetime
-import os
-import tempfile
 import time
 import unittest
 
-from _cluster import Suite
-from _jobs import JobHarness, done_ranks, read_events, train_job, wait_steps
+from _jobs import JobHarness, JobTestCase, done_ranks, read_events, train_job, wait_steps
 
 
 def parse_time(s):
@@ -26,16 +23,7 @@ def parse_time(s):
         tzinfo=datetime.timezone.utc).timestamp()
 
 
-class MasterFailoverTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.k = Suite.get()
-        cls.k.install()
-
-    def setUp(self):
-        self.ns = self.k.namespace(self)
-        self.out = tempfile.mkdtemp(prefix="ballast-k8s-out-")
-
+class MasterFailoverTest(JobTestCase):
     def job(self, name, steps):
         job = train_job(name, self.ns, self.out, nodes="2", steps=steps, step_time=0.15)
         # Workers away from the master's node, so losing that node loses the master alone.

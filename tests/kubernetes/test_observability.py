@@ -13,13 +13,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import unittest
 import urllib.parse
 import urllib.request
 
-from _cluster import Suite
-from _jobs import JobHarness, train_job, wait_steps
+from _jobs import JobHarness, JobTestCase, train_job, wait_steps
 
 
 def need(tool):
@@ -78,15 +76,9 @@ def discover(pods):
     return groups
 
 
-class ObservabilityTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.k = Suite.get()
-        cls.k.install()
-
+class ObservabilityTest(JobTestCase):
     def setUp(self):
-        self.ns = self.k.namespace(self)
-        self.out = tempfile.mkdtemp(prefix="ballast-k8s-out-")
+        super().setUp()
         self.tmp = tempfile.mkdtemp(prefix="ballast-k8s-prom-")
         self.procs = []
         self.addCleanup(self.stop)

@@ -8,20 +8,10 @@ import tempfile
 import time
 import unittest
 
-from _cluster import Suite
-from _jobs import JobHarness, done_ranks, read_events, train_job, wait_steps
+from _jobs import JobHarness, JobTestCase, done_ranks, read_events, train_job, wait_steps
 
 
-class OperatorHATest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.k = Suite.get()
-        cls.k.install()
-
-    def setUp(self):
-        self.ns = self.k.namespace(self)
-        self.out = tempfile.mkdtemp(prefix="ballast-k8s-out-")
-
+class OperatorHATest(JobTestCase):
     def test_leader_killed_mid_job_the_standby_takes_over_and_reconciles_new_jobs(self):
         j = JobHarness(self, self.k, self.ns, "haone")
         j.apply(train_job("haone", self.ns, self.out, nodes="2", steps=150, step_time=0.15))
