@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
@@ -44,13 +45,21 @@ bool MasterClient::Relocate() {
   if (!options_.locate) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (located_once_ && SecondsSince(located_at_) < options_.locate_interval_s) return false;
+    if (located_once_ && SecondsSince(located_at_) < locate_wait_s_) return false;
     located_once_ = true;
     located_at_ = Clock::now();
   }
   const std::string found = options_.locate();
   std::lock_guard<std::mutex> lock(mu_);
-  if (found.empty() || found == endpoint_) return false;
+  if (found.empty() || found == endpoint_) {
+    // Nothing new: look less often (every agent of a large job asks the API
+    // server), with jitter so they spread out.
+    thread_local std::mt19937 rng(std::random_device{}());
+    const double next = std::min(locate_wait_s_ * 2, options_.locate_interval_max_s);
+    locate_wait_s_ = next * std::uniform_real_distribution<double>(0.8, 1.2)(rng);
+    return false;
+  }
+  locate_wait_s_ = options_.locate_interval_s;
   spdlog::warn("the job's master moved: {} -> {} (the job's master Lease says so); reconnecting there", endpoint_,
                found);
   endpoint_ = found;
@@ -275,6 +284,11 @@ void MasterClient::WatchLoop(std::string node_id) {
     auto reader = Stub()->Watch(&ctx, req);
     v1::Decision decision;
     while (reader->Read(&decision)) {
+      if (broken_since_set) {  // connected again: the next loss looks from the first interval
+        std::lock_guard<std::mutex> lock(mu_);
+        located_once_ = false;
+        locate_wait_s_ = options_.locate_interval_s;
+      }
       broken_since_set = false;
       backoff = options_.backoff_initial_s;
       if (on_decision_) on_decision_(decision);

@@ -49,7 +49,8 @@ struct MasterClientOptions {
   // locate_interval_s while the master is lost: a master that moved (a new
   // master pod on Kubernetes) is followed there. Unset: the endpoint is fixed.
   std::function<std::string()> locate;
-  double locate_interval_s = 1.0;
+  double locate_interval_s = 1.0;      // the first look; doubling (with jitter) ...
+  double locate_interval_max_s = 4.0;  // ... to this while the answer does not change
 };
 
 class MasterClient {
@@ -132,6 +133,7 @@ class MasterClient {
   std::string endpoint_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<v1::Master::Stub> stub_ ABSL_GUARDED_BY(mu_);
   bool located_once_ ABSL_GUARDED_BY(mu_) = false;
+  double locate_wait_s_ ABSL_GUARDED_BY(mu_) = options_.locate_interval_s;
   std::chrono::steady_clock::time_point located_at_ ABSL_GUARDED_BY(mu_);
   std::condition_variable cv_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -20,7 +20,7 @@ Json MasterStateStore::Build(const std::string& payload, uint64_t seq) const {
                {"namespace", job_.ns},
                {"labels", {{kJobLabel, job_.name}, {kRoleLabel, "master-state"}}},
                {"ownerReferences", Json::array({OwnerReference(job_)})}}},
-             {"data", {{"holder", holder_}, {"seq", std::to_string(seq)}}},
+             {"data", {{"holder", holder_}, {"seq", std::to_string(seq)}, {"job-uid", job_.uid}}},
              {"binaryData", {{"snapshot", absl::Base64Escape(payload)}}}};
   if (!resource_version_.empty()) cm["metadata"]["resourceVersion"] = resource_version_;
   return cm;
@@ -42,6 +42,14 @@ absl::StatusOr<std::optional<v1::MasterSnapshot>> MasterStateStore::Load() {
                                             "over from its checkpoints"));
   }
   if (!state.has_job()) return std::optional<v1::MasterSnapshot>();
+  // A job deleted and created again under the same name: its state is the
+  // old job's until the garbage collector removes it.
+  if (const std::string uid = kube::Str(*cm, {"data", "job-uid"}); !uid.empty() && uid != job_.uid) {
+    spdlog::warn("kubernetes: ConfigMap {}/{} holds the state of an earlier ElasticJob {} (uid {}, not {}): "
+                 "starting anew",
+                 job_.ns, Name(), job_.name, uid, job_.uid);
+    return std::optional<v1::MasterSnapshot>();
+  }
   return std::optional<v1::MasterSnapshot>(std::move(state));
 }
 

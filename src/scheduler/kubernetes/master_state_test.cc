@@ -69,6 +69,22 @@ TEST(MasterStateStore, ANewMasterResumesFromTheLastOnesStateWhichIsFencedFromThe
   EXPECT_EQ(kube::Str(api.Object(kPath), {"data", "seq"}), "50");
 }
 
+TEST(MasterStateStore, TheStateOfAnEarlierJobOfTheSameNameIsNotResumed) {
+  kube::testing::FakeObjectStore api;
+  kube::KubeClient client(api.Config());
+  MasterStateStore old_job(&client, Job(), "job-master-4");
+  ASSERT_TRUE(old_job.Claim().ok());
+  ASSERT_TRUE(old_job.Save(State(9, 99)).ok());
+  // Deleted and created again: a new uid; the garbage collector has not run yet.
+  ElasticJobSpec again = Job();
+  again.uid = "uid-2";
+  MasterStateStore fresh(&client, again, "job-master-1");
+  auto claimed = fresh.Claim();
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_FALSE(claimed->has_value());
+  EXPECT_EQ(kube::Str(api.Object(kPath), {"data", "job-uid"}), "uid-2");
+}
+
 TEST(MasterStateStore, TheClaimedStateSeedsAnEmptyJournalButNeverOverwritesOne) {
   const std::string dir = std::filesystem::temp_directory_path() / ("ballast-seed-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
