@@ -60,6 +60,13 @@ Operator::~Operator() {
   if (masters_) masters_->Stop();
 }
 
+bool Operator::Leading() const {
+  if (!options_.leading || options_.leading()) return true;
+  spdlog::error("operator: no longer the leader (its Lease was lost): stopping; another replica reconciles the "
+                "jobs now");
+  return false;
+}
+
 void Operator::Enqueue(const std::string& key) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,13 +121,10 @@ int Operator::Run(const std::atomic<int>* signal) {
       keys.swap(queue_);
     }
     for (const std::string& k : keys) {
-      if (options_.leading && !options_.leading()) {
-        spdlog::error("operator: no longer the leader (its Lease was lost): stopping; another replica reconciles "
-                      "the jobs now");
-        return 1;
-      }
+      if (!Leading()) return 1;
       Reconcile(k);
     }
+    if (!Leading()) return 1;  // also when idle: it restarts as a standby at once
   }
   spdlog::info("operator: stopping (signal {}); jobs keep running under their masters", signal->load());
   return 0;

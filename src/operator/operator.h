@@ -62,6 +62,8 @@ class Operator {
 
  private:
   void Enqueue(const std::string& key);
+  // False (and says so) once options_.leading turned false.
+  bool Leading() const;
   absl::Status EnsureObject(const std::string& api_version, const std::string& plural, const std::string& ns,
                             const kube::Json& object);
   // Merge-patches the job's .status, conditional on the resourceVersion the
