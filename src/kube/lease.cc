@@ -36,7 +36,7 @@ std::string MicroTimeNow() {
 }
 
 LeaderLease::LeaderLease(KubeClient* client, LeaseOptions options)
-    : client_(client), options_(std::move(options)), annotations_(options_.annotations) {}
+    : client_(client), options_(std::move(options)) {}
 
 LeaderLease::~LeaderLease() {
   {
@@ -65,11 +65,7 @@ void LeaderLease::Lose(const std::string& why) {
 absl::StatusOr<bool> LeaderLease::TryAcquireOrRenew() {
   const std::string path = LeasePath(options_.ns, options_.name);
   const std::string now = MicroTimeNow();
-  std::map<std::string, std::string> annotations;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    annotations = annotations_;
-  }
+  const std::map<std::string, std::string>& annotations = options_.annotations;
   auto current = client_->Get(path, absl::StrCat("get ", options_.what));
   if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
   if (!current.ok()) {
@@ -193,18 +189,6 @@ void LeaderLease::RenewLoop() {
       Lose(absl::StrFormat("not renewed for %.1f s (%s)", since, std::string(r.status().message())));
       return;
     }
-  }
-}
-
-void LeaderLease::SetAnnotation(const std::string& key, const std::string& value) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (annotations_[key] == value) return;
-    annotations_[key] = value;
-  }
-  if (held_.load()) {
-    auto r = TryAcquireOrRenew();
-    if (!r.ok()) spdlog::warn("cannot update {}: {}", options_.what, r.status().ToString());
   }
 }
 

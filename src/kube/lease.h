@@ -13,11 +13,11 @@
 // Lease over at once (a master pod being deleted: its successor need not
 // wait out the lease).
 //
-// The Lease carries annotations the holder sets (the job master's endpoint,
-// so agents find a master that moved: kube::LeaseAnnotation).
+// The Lease carries the holder's annotations (the job master's endpoint, so
+// agents find a master that moved: kube::LeaseAnnotation).
 //
 // Threading: Acquire blocks the caller; after it, a renewal thread runs until
-// Release() or destruction. held() and SetAnnotation() are thread-safe.
+// Release() or destruction. held() is thread-safe.
 #pragma once
 
 #include <atomic>
@@ -64,8 +64,6 @@ class LeaderLease {
   bool held() const { return held_.load(); }
   // Why it was lost ("" while held).
   std::string lost_reason() const;
-  // Sets an annotation, written at the next renewal (now, when held).
-  void SetAnnotation(const std::string& key, const std::string& value);
   // Stops renewing and frees the Lease for the next candidate at once.
   void Release();
 
@@ -83,7 +81,6 @@ class LeaderLease {
   std::condition_variable cv_;
   bool stop_ = false;
   std::string lost_reason_;
-  std::map<std::string, std::string> annotations_;
   // What this process last saw of the Lease, and when (its own clock).
   std::string observed_record_;
   std::chrono::steady_clock::time_point observed_at_{};

@@ -339,8 +339,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     return 1;
   }
   master::MasterServer& m = **server;
-  MasterStateMirror mirror_state(
-      &store, [&m](uint64_t seq) { return m.JournalStateAfter(seq); }, [&m] { return m.Status().round(); });
+  MasterStateMirror mirror_state(&store, [&m](uint64_t seq) { return m.JournalStateAfter(seq); });
   auto may_act = [&lease, &mirror_state] { return lease.held() && !mirror_state.fenced(); };
   spdlog::info("ElasticJob {}: master on {} (agents dial {}); nodes {}:{} x {} workers, {} spare(s)",
                job->Describe(), absl::StrCat(o.bind_host, ":", m.port()), m.address(), job->min_nodes,
@@ -420,7 +419,9 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
                      true);
       }
     }
-    status.Update(m.Status(), nodes.replacements());
+    const v1::JobStatus st = m.Status();
+    mirror_state.NoteRound(st.round());  // saved at once when it changed
+    status.Update(st, nodes.replacements());
   }
   const int sig = signal->load();
   if (!result.has_value()) {

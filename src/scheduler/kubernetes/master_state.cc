@@ -117,8 +117,8 @@ absl::Status MasterStateStore::Save(const v1::MasterSnapshot& state) {
 
 MasterStateMirror::MasterStateMirror(MasterStateStore* store,
                                      std::function<std::optional<v1::MasterSnapshot>(uint64_t)> state_after,
-                                     std::function<int64_t()> round, double interval_s)
-    : store_(store), state_after_(std::move(state_after)), round_(std::move(round)), interval_s_(interval_s) {}
+                                     double interval_s)
+    : store_(store), state_after_(std::move(state_after)), interval_s_(interval_s) {}
 
 MasterStateMirror::~MasterStateMirror() { Stop(false); }
 
@@ -136,7 +136,7 @@ void MasterStateMirror::Start() {
         std::unique_lock<std::mutex> lock(mu_);
         if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop_; })) return;
       }
-      const int64_t round = round_();
+      const int64_t round = round_.load();
       if (round == round_saved &&
           std::chrono::steady_clock::now() - last < std::chrono::duration<double>(interval_s_)) {
         continue;

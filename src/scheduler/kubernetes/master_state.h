@@ -68,18 +68,20 @@ class MasterStateStore {
 
 // Keeps the store current from a thread: the journal's state (state_after:
 // MasterServer::JournalStateAfter) at once when the round changed (what
-// agents act on: round() is the current round), else at most every
-// interval_s. A refused write (fenced) stops it; fenced() says so.
+// agents act on; the owner passes each round it sees to NoteRound), else at
+// most every interval_s. A refused write (fenced) stops it; fenced() says so.
 class MasterStateMirror {
  public:
   MasterStateMirror(MasterStateStore* store,
                     std::function<std::optional<v1::MasterSnapshot>(uint64_t seq)> state_after,
-                    std::function<int64_t()> round, double interval_s = 1.0);
+                    double interval_s = 1.0);
   ~MasterStateMirror();  // Stop(false)
   void Start();
   // Stops the thread; with final_save, stores what changed since the last
   // write (a master that stops: its successor resumes from there).
   void Stop(bool final_save);
+  // The job's current round (from the status the owner reads anyway).
+  void NoteRound(int64_t round) { round_.store(round); }
   bool fenced() const { return fenced_.load(); }
   std::string fenced_why() const;
 
@@ -88,7 +90,7 @@ class MasterStateMirror {
 
   MasterStateStore* const store_;
   const std::function<std::optional<v1::MasterSnapshot>(uint64_t)> state_after_;
-  const std::function<int64_t()> round_;
+  std::atomic<int64_t> round_{0};
   const double interval_s_;
   std::atomic<bool> fenced_{false};
   mutable std::mutex mu_;  // one save at a time; guards the fields below

@@ -120,11 +120,8 @@ TEST(MasterStateMirror, SavesAtOnceOnANewRoundAtMostEveryIntervalElseAndStopsWhe
     if (state.last_seq() <= seq) return std::nullopt;
     return state;
   };
-  auto round = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return state.round().round();
-  };
-  MasterStateMirror mirror(&store, state_after, round, /*interval_s=*/30);
+  MasterStateMirror mirror(&store, state_after, /*interval_s=*/30);
+  mirror.NoteRound(1);
   mirror.Start();
   auto seq_stored = [&] { return kube::Str(api.Object(kPath), {"data", "seq"}); };
   for (int i = 0; i < 50 && seq_stored() != "1"; ++i) usleep(20000);
@@ -139,6 +136,7 @@ TEST(MasterStateMirror, SavesAtOnceOnANewRoundAtMostEveryIntervalElseAndStopsWhe
     std::lock_guard<std::mutex> lock(mu);
     state = State(2, 3);  // a new round: at once
   }
+  mirror.NoteRound(2);
   for (int i = 0; i < 50 && seq_stored() != "3"; ++i) usleep(20000);
   EXPECT_EQ(seq_stored(), "3");
   // Another master claims the store: the next save is refused, the mirror stops.
@@ -148,6 +146,7 @@ TEST(MasterStateMirror, SavesAtOnceOnANewRoundAtMostEveryIntervalElseAndStopsWhe
     std::lock_guard<std::mutex> lock(mu);
     state = State(3, 4);
   }
+  mirror.NoteRound(3);
   for (int i = 0; i < 50 && !mirror.fenced(); ++i) usleep(20000);
   EXPECT_TRUE(mirror.fenced());
   EXPECT_NE(mirror.fenced_why().find("job-master-2"), std::string::npos);
