@@ -42,6 +42,14 @@ Rows:
                       written on, where torch.get_num_threads() says 1).
                       The default rows add ballast agent/no agent t1 and
                       dlrover agent t2 to separate threading from the rest.
+  ballast  ... reserve   the worker calls ckpt.reserve(state) right after
+                      constructing the Checkpointer (what
+                      ballast.hf.BallastCallback does after the first step):
+                      the shared memory is sized and faulted in the
+                      background during the --first-gap seconds of
+                      "training" before the first save, so that save only
+                      copies. Every row waits --first-gap before its first
+                      save; only this one uses the time.
   ballast  agent nowarm  `ballast run --no-warm-restart`: by default the
                       agent preloads a warm interpreter (imports torch and
                       the worker's modules) for the next restart while the
@@ -109,18 +117,22 @@ BALLAST_PY = os.path.join(ROOT, "build", "python")
 # DLRover with torch's intra-op threads (what torch.get_num_threads() says here).
 # nowarm (ballast agent only): `ballast run --no-warm-restart`, so the agent does
 # not preload a warm interpreter for the next restart while the job runs.
-ROWS = ("ballast:agent,ballast:no agent,dlrover:agent,dlrover:no agent,"
-        "ballast:agent:nowarm,ballast:agent:t1,ballast:no agent:t1,dlrover:agent:t2")
+# reserve (ballast only): ckpt.reserve(state) before the --first-gap wait.
+ROWS = ("ballast:agent,ballast:no agent,dlrover:agent,dlrover:no agent,ballast:agent:reserve,"
+        "ballast:no agent:reserve,ballast:agent:nowarm,ballast:agent:t1,ballast:no agent:t1,dlrover:agent:t2")
 
 
 def parse_row(key):
-    """'system:launch[:opt]' -> (system, launch, threads, nowarm)."""
+    """'system:launch[:opt]' -> (system, launch, threads, flag); flag: "", "nowarm" or "reserve"."""
     parts = key.split(":")
     opt = parts[2] if len(parts) == 3 else ""
     if len(parts) not in (2, 3) or parts[0] not in ("ballast", "dlrover") or parts[1] not in ("agent", "no agent") \
-            or not (opt == "" or re.fullmatch(r"t\d+", opt) or (opt == "nowarm" and parts[:2] == ["ballast", "agent"])):
-        raise SystemExit(f"bad row {key!r}: want ballast|dlrover:agent|no agent[:tN], or ballast:agent:nowarm")
-    return parts[0], parts[1], int(opt[1:]) if opt.startswith("t") else 0, opt == "nowarm"
+            or not (opt == "" or re.fullmatch(r"t\d+", opt) or (opt == "nowarm" and parts[:2] == ["ballast", "agent"])
+                    or (opt == "reserve" and parts[0] == "ballast")):
+        raise SystemExit(f"bad row {key!r}: want ballast|dlrover:agent|no agent[:tN], ballast:agent:nowarm "
+                         "or ballast:agent|no agent:reserve")
+    threads = int(opt[1:]) if opt.startswith("t") else 0
+    return parts[0], parts[1], threads, "" if threads else opt
 
 
 # -- worker ----------------------------------------------------------------------
@@ -157,6 +169,9 @@ def worker(a):
         ckpt = ballast.Checkpointer(a.dir)
         out["ballast_agent_store"] = bool(ckpt.agent)
 
+        if a.reserve:
+            out["reserved_bytes"] = ckpt.reserve(state)
+
         def save(step):
             ckpt.save(step, state)
 
@@ -179,8 +194,7 @@ def worker(a):
     times, ok = [], []
     for i in range(1 + a.saves):
         step = i + 1
-        if i:
-            time.sleep(a.gap)
+        time.sleep(a.gap if i else a.first_gap)
         if i == 0:
             out["first_start_unix"] = time.time()
         t0 = time.perf_counter()
@@ -276,20 +290,21 @@ def kill_job(p):
 def run_job(key, a, install, work, trial):
     """Runs one job; returns the worker's result dict (plus the job's log
     facts) or {"error": ...}."""
-    system, mode, threads, nowarm = parse_row(key)
+    system, mode, threads, flag = parse_row(key)
     tag = f"{key.replace(' ', '').replace(':', '-')}-{trial}"
     out = os.path.join(work, tag + ".json")
     ckdir = os.path.join(work, tag + "-ckpt")
     log_path = os.path.join(work, tag + ".log")
     wargs = [os.path.abspath(__file__), "_worker", system, "--gb", str(a.gb), "--out", out, "--dir", ckdir,
-             "--saves", str(a.saves), "--gap", str(a.gap), "--threads", str(threads)]
+             "--saves", str(a.saves), "--gap", str(a.gap), "--first-gap", str(a.first_gap),
+             "--threads", str(threads)] + (["--reserve"] if flag == "reserve" else [])
     env = env_for(system, install)
     if system == "ballast" and threads:
         env["BALLAST_CKPT_COPY_THREADS"] = str(threads)
     run_id = f"ckbench{uuid.uuid4().hex[:10]}"
     if system == "ballast" and mode == "agent":
         argv = [BALLAST_BIN, "run", "--standalone", "--nproc-per-node", "1", "--python", PY] \
-            + (["--no-warm-restart"] if nowarm else []) + wargs
+            + (["--no-warm-restart"] if flag == "nowarm" else []) + wargs
     elif system == "ballast":
         argv = [PY] + wargs
     elif mode == "agent":
@@ -370,6 +385,8 @@ def main(argv):
     p.add_argument("--trials", type=int, default=3, help="jobs per row [3]")
     p.add_argument("--saves", type=int, default=3, help="saves after the first, for the steady state [3]")
     p.add_argument("--gap", type=float, default=1.0, help="idle seconds between saves [1.0]")
+    p.add_argument("--first-gap", type=float, default=1.0,
+                   help="idle seconds before the first save (the first steps of training) [1.0]")
     p.add_argument("--rows", default=ROWS, help=f"comma-separated system:launch[:tN] rows [{ROWS}]")
     p.add_argument("--dlrover", default=None, help="DLRover install dir [newest ~/.cache/ballast/dlrover-*]")
     p.add_argument("--timeout", type=float, default=300, help="seconds a job may take to report [300]")
@@ -411,14 +428,15 @@ def main(argv):
                         "state_gib": rs[0]["state_bytes"] / (1 << 30), "trials": len(rs)}
     gib = summary[next(iter(summary))]["state_gib"] if summary else a.gb
     print(f"\nFlash-checkpoint save, {gib:.2f} GiB state (16 MiB float32 tensors), torch 1.13, "
-          f"{a.trials} job(s) per row, gap {a.gap:g} s between saves; times in ms (blocking time of the call)")
+          f"{a.trials} job(s) per row, {a.first_gap:g} s before the first save, gap {a.gap:g} s between saves; "
+          "times in ms (blocking time of the call)")
     hdr = f"{'system':<8} {'launch':<12} {'first (median)':>14} {'first (each trial)':<22} {'steady (median)':>15} " \
           f"{'steady (each)':<20} {'GB/s first':>10} {'GB/s steady':>11} {'init':>6}"
     print(hdr)
     print("-" * len(hdr))
     for key, s in summary.items():
-        sysname, mode, threads, nowarm = parse_row(key)
-        mode += f" t{threads}" if threads else " nowarm" if nowarm else ""
+        sysname, mode, threads, flag = parse_row(key)
+        mode += f" t{threads}" if threads else f" {flag}" if flag else ""
         each_f = "/".join(fmt(x) for x in s["firsts_s"])
         each_s = "/".join(fmt(x) for x in s["steadies_s"])
         gbs = lambda t: f"{s['state_gib'] / t:.2f}" if t else "-"  # noqa: E731
@@ -426,8 +444,8 @@ def main(argv):
               f"{each_s:<20} {gbs(s['first_median_s']):>10} {gbs(s['steady_median_s']):>11} "
               f"{fmt(s['init_median_s']):>6}" + ("" if s["all_saved"] else "  (some saves NOT done!)"))
     ratios = {}
-    for mode in ("agent", "no agent"):
-        b, d = summary.get(f"ballast:{mode}"), summary.get(f"dlrover:{mode}")
+    for mode in ("agent", "no agent", "agent:reserve", "no agent:reserve"):
+        b, d = summary.get(f"ballast:{mode}"), summary.get(f"dlrover:{mode.split(':')[0]}")
         if b and d:
             ratios[mode] = {"first": b["first_median_s"] / d["first_median_s"],
                             "steady": b["steady_median_s"] / d["steady_median_s"]
@@ -439,7 +457,8 @@ def main(argv):
     for key, errs in errors.items():
         print(f"{key}: errors: " + (errs if isinstance(errs, str) else "\n".join(errs)))
     if a.json:
-        print(json.dumps({"gb": a.gb, "trials": a.trials, "gap_s": a.gap, "saves": a.saves, "summary": summary,
+        print(json.dumps({"gb": a.gb, "trials": a.trials, "gap_s": a.gap, "first_gap_s": a.first_gap,
+                          "saves": a.saves, "summary": summary,
                           "ratios": ratios, "runs": results, "errors": errors}))
     if a.keep or errors:
         print(f"logs kept in {work}", file=sys.stderr)
@@ -457,6 +476,8 @@ if __name__ == "__main__":
         wp.add_argument("--dir", required=True)
         wp.add_argument("--saves", type=int, default=3)
         wp.add_argument("--gap", type=float, default=1.0)
+        wp.add_argument("--first-gap", type=float, default=1.0)
+        wp.add_argument("--reserve", action="store_true")
         wp.add_argument("--threads", type=int, default=0)
         worker(wp.parse_args(sys.argv[2:]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_dlrover_run":

@@ -278,13 +278,27 @@ class Encoder:
             "torch.dtype/device and dicts/lists/tuples of them (no pickle); convert it first")
 
 
-def encode_state(state, header, host_buffers=None):
+class SizeEncoder(Encoder):
+    """An Encoder whose entries carry each tensor's size only (data 0): what
+    Store.reserve needs. Reads no tensor data and copies nothing, not even
+    from a GPU."""
+
+    def _tensor(self, t, path):
+        name = DTYPE_TO_NAME.get(t.dtype)
+        if name is None:
+            _prepare_tensor(t, path)  # raises the save's error for this tensor
+        key = self._key(path)
+        self.entries.append((key, name, tuple(t.shape), 0, t.numel() * t.element_size()))
+        return key
+
+
+def encode_state(state, header, host_buffers=None, encoder=None):
     """Returns (entries for Store.save, objects to keep alive during the save).
 
     The tree blob comes first so that `ballast ckpt inspect` shows it on top.
-    host_buffers: see Encoder.
+    host_buffers: see Encoder. encoder: an Encoder to use instead (SizeEncoder).
     """
-    enc = Encoder(host_buffers)
+    enc = encoder if encoder is not None else Encoder(host_buffers)
     doc = dict(header)
     doc["format"] = FORMAT_VERSION
     doc["tree"] = enc.node(state, ())

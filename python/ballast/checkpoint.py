@@ -594,6 +594,33 @@ class Checkpointer:
         if persist:
             self._request_persist(step, rank, world)
 
+    def reserve(self, state_dict, *, blocking=True):
+        """Prepares the shared memory for saves of a state like ``state_dict``, in the background.
+
+        A job's first save otherwise creates its shared memory and faults every
+        page in while it copies (about 0.3 s per GiB on a small VM, more than
+        the copy itself); later saves reuse that memory. ``reserve`` sizes and
+        faults it on a background thread while training goes on, so the first
+        save only copies. It reads no tensor data (shapes and dtypes only) and
+        returns at once with the bytes a save of this state takes. A save that
+        comes before the memory is ready waits for the rest of it, so it is
+        never slower than without ``reserve``.
+
+        Call it once the state has its final shapes: after the optimizer's
+        first step (AdamW's moments exist only from then on), with the same
+        ``blocking`` as the saves (an overlapped saver keeps one more slot).
+        ``ballast.hf.BallastCallback`` calls it for you.
+
+        Example::
+
+            loss.backward(); opt.step()          # the first step creates opt's state
+            ckpt.reserve({"model": model.state_dict(), "opt": opt.state_dict()})
+        """
+        rank, world = self.rank_world()
+        entries, _ = _tree.encode_state(state_dict, {"rank": rank, "world_size": world, "step": 0},
+                                        encoder=_tree.SizeEncoder())
+        return self._store.reserve(entries, background=not blocking)
+
     def _track_views(self, views):
         self._views = [r for r in self._views if r() is not None]
         self._views.extend(weakref.ref(t) for t in views)

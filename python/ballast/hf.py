@@ -125,6 +125,7 @@ class BallastCallback(TrainerCallback):
         self.resumed_step = None  # the step the last train() resumed from (None: a fresh start)
         self._trainer = None
         self._restore = None      # (directory handed to the Trainer, loaded state)
+        self.reserved_bytes = None  # what Checkpointer.reserve sized the memory for (save_every > 1)
         if trainer is not None:
             self.attach(trainer)
 
@@ -213,8 +214,18 @@ class BallastCallback(TrainerCallback):
         # With the model: its replicas' fingerprints are compared every
         # --replica-check-every steps (silent data corruption; ballast.health).
         report_step(step, model=model)
+        ckpt = self._checkpointer(args)
         if step % self.save_every:
+            if self.reserved_bytes is None:
+                # The first step created the optimizer's state: size and fault
+                # the shared memory for it now, so the first save only copies.
+                self.reserved_bytes = ckpt.reserve(self._snapshot(state, model, optimizer, lr_scheduler))
             return
+        persist = self.persist_every is not None and step % self.persist_every == 0
+        ckpt.save(step, self._snapshot(state, model, optimizer, lr_scheduler), persist=persist)
+
+    def _snapshot(self, state, model, optimizer, lr_scheduler):
+        """What a save holds: everything the Trainer's own checkpoint has."""
         snapshot = {
             "model": model.state_dict(),
             "optim": optimizer.state_dict(),
@@ -225,8 +236,7 @@ class BallastCallback(TrainerCallback):
         scaler = getattr(getattr(self._trainer, "accelerator", None), "scaler", None)
         if scaler is not None:
             snapshot["scaler"] = scaler.state_dict()
-        persist = self.persist_every is not None and step % self.persist_every == 0
-        self._checkpointer(args).save(step, snapshot, persist=persist)
+        return snapshot
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.ckpt is not None:

@@ -440,18 +440,13 @@ class PyStore {
     return store_;
   }
 
-  // entries: [(key, dtype name, shape, data, nbytes)] where data is an address
-  // (int) or a bytes object. Returns {"seconds", "image_bytes", "slot"}.
-  // background: a save(blocking=False) on its own thread; the copy runs at
-  // idle priority (that thread and the copy threads), so it uses only CPU
-  // time training leaves.
-  py::dict Save(uint64_t step, const py::list& entries, bool background) {
-    ckpt::SlotStore* store = this->store().get();
+  // Store.save's (key, dtype name, shape, data address or bytes, nbytes) entries.
+  static std::vector<ckpt::EntryView> ToViews(const py::list& entries, const char* what) {
     std::vector<ckpt::EntryView> views;
     views.reserve(entries.size());
     for (py::handle item : entries) {
       auto t = py::reinterpret_borrow<py::tuple>(item);
-      if (t.size() != 5) Check(absl::InvalidArgumentError("save: entries are 5-tuples"));
+      if (t.size() != 5) Check(absl::InvalidArgumentError(absl::StrCat(what, ": entries are 5-tuples")));
       ckpt::EntryView v;
       v.key = py::cast<std::string>(t[0]);
       absl::StatusOr<DType> dtype = ckpt::DTypeFromName(py::cast<std::string>(t[1]));
@@ -468,12 +463,28 @@ class PyStore {
       v.nbytes = py::cast<uint64_t>(t[4]);
       views.push_back(std::move(v));
     }
+    return views;
+  }
+
+  // The writer for blocking (or overlapped) saves, made on first use.
+  ckpt::CheckpointWriter* Writer(bool background) {
     std::unique_ptr<ckpt::CheckpointWriter>& writer = background ? bg_writer_ : writer_;
     if (!writer) {
       ckpt::WriterOptions wo = writer_options_;
       wo.background = background;
-      writer = std::make_unique<ckpt::CheckpointWriter>(store, wo);
+      writer = std::make_unique<ckpt::CheckpointWriter>(this->store().get(), wo);
     }
+    return writer.get();
+  }
+
+  // entries: [(key, dtype name, shape, data, nbytes)] where data is an address
+  // (int) or a bytes object. Returns {"seconds", "image_bytes", "slot"}.
+  // background: a save(blocking=False) on its own thread; the copy runs at
+  // idle priority (that thread and the copy threads), so it uses only CPU
+  // time training leaves.
+  py::dict Save(uint64_t step, const py::list& entries, bool background) {
+    std::vector<ckpt::EntryView> views = ToViews(entries, "save");
+    ckpt::CheckpointWriter* writer = Writer(background);
     absl::StatusOr<ckpt::SaveStats> stats;
     {
       py::gil_scoped_release release;
@@ -491,6 +502,16 @@ class PyStore {
     out["image_bytes"] = stats->image_bytes;
     out["slot"] = stats->slot;
     return out;
+  }
+
+  // Sizes and faults the slots for saves of `entries` in the background (the
+  // data items are not read: 0 will do); returns the planned image bytes.
+  uint64_t Reserve(const py::list& entries, bool background) {
+    std::vector<ckpt::EntryView> views = ToViews(entries, "reserve");
+    ckpt::CheckpointWriter* writer = Writer(background);
+    absl::StatusOr<uint64_t> bytes = writer->Reserve(views);
+    Check(bytes.status());
+    return *bytes;
   }
 
   // The newest committed step (or `step`), validated; None when there is none.
@@ -837,6 +858,8 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("name", [](const PyStore& s) { return s.store()->name(); })
       .def_property_readonly("owner", [](const PyStore& s) { return s.store()->owner(); })
       .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"), py::arg("background") = false)
+      .def("reserve", &PyStore::Reserve, py::arg("entries"), py::arg("background") = false)
+      .def("growing", [](const PyStore& s) { return s.store()->growing(); })
       .def("restore", &PyStore::Restore, py::arg("step") = py::none(), py::arg("verify") = true)
       .def("memory_step", &PyStore::MemoryStep)
       .def("steps", &PyStore::Steps)

@@ -190,6 +190,19 @@ absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step,
   return stats;
 }
 
+absl::StatusOr<uint64_t> CheckpointWriter::Reserve(const std::vector<EntryView>& views) {
+  std::vector<Entry> entries;
+  entries.reserve(views.size());
+  for (const EntryView& v : views) entries.push_back(Entry{v.key, v.dtype, v.shape, 0, v.nbytes});
+  ASSIGN_OR_RETURN(Layout layout, PlanLayout(&entries));
+  // The slot the first save takes; that save grows the others in the
+  // background (a save waits while any slot grows, so growing them all now
+  // would only delay it). 64 KiB of slack: the real saves' metadata (step
+  // numbers, small values) can come out a little bigger than the sized one.
+  (void)store_->Reserve(layout.image_bytes + (64u << 10), 1);
+  return layout.image_bytes;
+}
+
 absl::StatusOr<Snapshot> RestoreFromShm(SlotStore* store, const RestoreOptions& options) {
   absl::StatusOr<PinnedSlot> pinned =
       options.step.has_value() ? store->PinStep(*options.step) : store->PinLatest();

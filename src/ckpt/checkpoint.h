@@ -78,6 +78,11 @@ class CheckpointWriter {
   // pinned (the save is skipped, nothing changes); other errors from shm.
   absl::StatusOr<SaveStats> Save(uint64_t step, const std::vector<EntryView>& entries);
 
+  // Prepares the store for saves of `entries` (their data pointers are not
+  // read): sizes and faults the slot the first save uses, in the background
+  // (SlotStore::Reserve); that save grows the others. Returns the image size
+  // planned; kInvalidArgument for bad entries.
+  absl::StatusOr<uint64_t> Reserve(const std::vector<EntryView>& entries);
   int copy_threads() const { return pool_.threads(); }
 
  private:

@@ -296,44 +296,31 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
     {
       std::lock_guard<std::mutex> lock(mu_);
       ShmSegment& seg = *slots_[cand.slot];
+      const uint64_t want = (image_bytes + kGrowGranularity - 1) / kGrowGranularity * kGrowGranularity;
       if (seg.size() < image_bytes) {
-        const uint64_t want = (image_bytes + kGrowGranularity - 1) / kGrowGranularity *
-                              kGrowGranularity;
         absl::Status s = seg.EnsureCapacity(want, prefault_);
         if (!s.ok()) {
           c.state.store(static_cast<uint32_t>(SlotState::kEmpty), std::memory_order_relaxed);
           return s;
         }
-        // The next saves would pay the same for their slots: grow the ones
-        // this writer uses (want_sized of them, the biggest first) now, in
-        // the background (it waits on mu_ until this save is under way).
+      }
+      // The next saves would pay the same for their slots: grow the ones
+      // this writer uses (want_sized of them, the biggest first) now, in the
+      // background (it waits on mu_ until this save is under way). Also when
+      // this save found its own slot sized (Reserve).
+      if (grow_others && prefault_ && !growing_.load()) {
+        std::vector<int> order(slots_.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return slots_[a]->size() > slots_[b]->size(); });
         std::vector<int> to_grow;
-        {
-          std::vector<int> order(slots_.size());
-          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-          std::stable_sort(order.begin(), order.end(),
-                           [&](int a, int b) { return slots_[a]->size() > slots_[b]->size(); });
-          int sized = 1;  // this one
-          for (int i : order) {
-            if (i == cand.slot || sized >= want_sized) continue;
-            ++sized;
-            if (slots_[i]->size() < want) to_grow.push_back(i);
-          }
+        int sized = 1;  // this one
+        for (int i : order) {
+          if (i == cand.slot || sized >= want_sized) continue;
+          ++sized;
+          if (slots_[i]->size() < want) to_grow.push_back(i);
         }
-        if (grow_others && prefault_ && !to_grow.empty() && !growing_.load()) {
-          if (grow_thread_.joinable()) grow_thread_.join();  // finished: growing_ is false
-          growing_ = true;
-          grow_thread_ = std::thread([this, want, to_grow] {
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              for (int i : to_grow) {
-                // Best effort: a failure shows again, as an error, when a save needs the slot.
-                if (slots_[i]->size() < want) (void)slots_[i]->EnsureCapacity(want, /*prefault=*/true);
-              }
-            }
-            growing_ = false;
-          });
-        }
+        if (!to_grow.empty()) (void)GrowInBackground(want, std::move(to_grow));
       }
       w.mapping_ = seg.mapping();
     }
@@ -342,6 +329,37 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
   return absl::UnavailableError(absl::StrCat(
       "every slot of checkpoint store '", name_,
       "' is pinned by a reader (persisting or restoring); save of step ", step, " skipped"));
+}
+
+bool SlotStore::GrowInBackground(uint64_t want, std::vector<int> slots) {
+  if (growing_.exchange(true)) return false;
+  if (grow_thread_.joinable()) grow_thread_.join();  // finished: growing_ was false
+  grow_thread_ = std::thread([this, want, slots = std::move(slots)] {
+    for (int i : slots) {
+      // One slot at a time, so a save whose slot is ready does not wait for
+      // the others. Best effort: a failure shows again, as an error, when a
+      // save needs the slot.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (slots_[i]->size() < want) (void)slots_[i]->EnsureCapacity(want, /*prefault=*/true);
+    }
+    growing_ = false;
+  });
+  return true;
+}
+
+bool SlotStore::Reserve(uint64_t image_bytes, int slots) {
+  if (!prefault_ || image_bytes == 0) return false;
+  const uint64_t want = (image_bytes + kGrowGranularity - 1) / kGrowGranularity * kGrowGranularity;
+  std::vector<int> to_grow;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int n = std::clamp(slots, 1, num_slots_);
+    for (int i = 0; i < n; ++i) {
+      if (slots_[i]->size() < want) to_grow.push_back(i);
+    }
+  }
+  if (to_grow.empty()) return false;
+  return GrowInBackground(want, std::move(to_grow));
 }
 
 absl::Status SlotStore::Commit(SlotWrite* w, uint64_t image_bytes, SlotOrigin origin) {

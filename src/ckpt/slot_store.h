@@ -190,6 +190,18 @@ class SlotStore {
   // world's common step is the one before the newest; needs 3 slots).
   absl::StatusOr<SlotWrite> BeginSave(uint64_t step, uint64_t image_bytes, bool grow_others = true,
                                       int keep_newest = 1);
+  // Sizes and faults, on the background thread, the first `slots` slots
+  // (clamped to num_slots()) for images of image_bytes, so that the first
+  // saves of a state that big only copy: a job's first save otherwise pays
+  // for creating and faulting its memory (a third of a second per GiB here).
+  // Returns at once; false when nothing was started (the slots are big enough
+  // already, prefault is off, or a growth is under way). Safe beside saves and
+  // readers: a save that needs a slot being grown waits for it (mu_).
+  bool Reserve(uint64_t image_bytes, int slots);
+  // True while the background thread grows slots (Reserve, or after a save
+  // that grew its own).
+  bool growing() const { return growing_.load(); }
+
   // Publishes the slot: image[0, image_bytes) must hold a complete image whose
   // header is written. After Commit returns, readers see this step.
   absl::Status Commit(SlotWrite* write, uint64_t image_bytes, SlotOrigin origin = SlotOrigin::kSaved);
@@ -261,6 +273,9 @@ class SlotStore {
   bool HasLivePin(SlotControl& c);
   void Unpin(int slot, int cell);
   SlotControl& slot_control(int i) const;
+  // Starts grow_thread_ on `slots` (to `want` bytes each, faulted) unless a
+  // growth is running; false if it is.
+  bool GrowInBackground(uint64_t want, std::vector<int> slots);
 
   const std::string name_;
   const bool owner_;
@@ -272,9 +287,10 @@ class SlotStore {
   ControlBlock* block_ = nullptr;
   mutable std::mutex mu_;  // guards the slot segments' mappings
   std::vector<std::unique_ptr<ShmSegment>> slots_ ABSL_GUARDED_BY(mu_);
-  // After a save grew its slot, the other slots are grown to the same size
-  // on this thread (holding mu_), while training goes on: the next save
-  // finds its slot sized and faulted. growing_ is true until it is done.
+  // After a save grew its slot (or on Reserve), slots are grown on this
+  // thread (holding mu_ for one slot at a time), while training goes on: the
+  // next save finds its slot sized and faulted. growing_ is true until it is
+  // done.
   std::thread grow_thread_;
   std::atomic<bool> growing_{false};
 

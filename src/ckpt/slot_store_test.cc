@@ -1,10 +1,12 @@
 #include "ckpt/slot_store.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
 #include <thread>
@@ -125,6 +127,80 @@ TEST(CkptSlotStore, WorkerGrowsSlotAndAgentRemaps) {
     EXPECT_EQ(snap->step(), step);
     ExpectMatchesStep(*snap, step * 3'000'000);
   }
+}
+
+// Bytes of memory the shm object `name` holds (its pages that were faulted in).
+uint64_t AllocatedBytes(const std::string& name) {
+  struct stat st {};
+  if (stat(("/dev/shm" + name).c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+bool WaitGrown(SlotStore* store) {
+  for (int i = 0; i < 2000 && store->growing(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return !store->growing();
+}
+
+TEST(CkptSlotStore, ReserveSizesAndFaultsTheSlotTheFirstSaveTakesSoThatSaveOnlyCopies) {
+  auto agent = SlotStore::Create(UniqueShmName("reserve"), StoreOpts(3, 4096));
+  ASSERT_TRUE(agent.ok());
+  auto worker = SlotStore::Open((*agent)->name());
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  constexpr uint64_t kBytes = 9'000'000;
+  StepState st(7, kBytes);
+  CheckpointWriter writer(worker->get(), Opts(2));
+  auto planned = writer.Reserve(st.views);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_GT(*planned, kBytes);
+  ASSERT_TRUE(WaitGrown(worker->get()));
+  std::vector<SlotInfo> info = (*worker)->Inspect();  // the agent's mappings are stale until it refreshes
+  ASSERT_EQ(info.size(), 3u);
+  EXPECT_GE(info[0].capacity, *planned);
+  // Faulted, not only sized: tmpfs holds the pages.
+  EXPECT_GE(AllocatedBytes(SlotStore::SlotName((*agent)->name(), 0)), *planned);
+  EXPECT_LT(info[1].capacity, kBytes) << "the first save grows the others";
+  // Nothing left to do: a second call starts nothing.
+  EXPECT_FALSE((*worker)->Reserve(*planned, 1));
+  // The first save goes to the reserved slot without growing it, then grows
+  // the slot the next save takes.
+  auto stats = writer.Save(7, st.views);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->slot, 0);
+  ASSERT_TRUE(WaitGrown(worker->get()));
+  info = (*worker)->Inspect();
+  EXPECT_GE(info[1].capacity, kBytes);
+  EXPECT_LT(info[2].capacity, kBytes) << "a blocking writer uses two slots; the third stays small";
+  auto snap = RestoreFromShm(agent->get());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ExpectMatchesStep(*snap, kBytes);
+}
+
+TEST(CkptSlotStore, ASaveRightAfterReserveWaitsForItsSlotAndIsWhole) {
+  auto store = SlotStore::Create(UniqueShmName("reserve-race"), StoreOpts(2, 4096));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(2));
+  for (uint64_t step : {1, 2, 3}) {
+    StepState st(step, 20'000'000 * step);
+    ASSERT_TRUE(writer.Reserve(st.views).ok());
+    ASSERT_TRUE(writer.Save(step, st.views).ok());  // while the slots grow
+    auto snap = RestoreFromShm(store->get());
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    ExpectMatchesStep(*snap, 20'000'000 * step);
+  }
+  ASSERT_TRUE(WaitGrown(store->get()));
+}
+
+TEST(CkptSlotStore, ReserveRejectsBadEntriesAndDoesNothingWithoutPrefault) {
+  auto store = SlotStore::Create(UniqueShmName("reserve-bad"));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(1));
+  std::vector<EntryView> bad = {{"w", DType::kFloat32, {4}, nullptr, 15}};
+  EXPECT_EQ(writer.Reserve(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  SlotStoreOptions no_prefault = StoreOpts(2);
+  no_prefault.prefault = false;
+  auto lazy = SlotStore::Create(UniqueShmName("reserve-lazy"), no_prefault);
+  ASSERT_TRUE(lazy.ok());
+  EXPECT_FALSE((*lazy)->Reserve(1 << 20, 2));
 }
 
 TEST(CkptSlotStore, AlternatesSlotsAndNeverOverwritesNewestCommitted) {

@@ -24,6 +24,7 @@ p.add_argument("--ckpt", required=True)
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
+p.add_argument("--save-every", type=int, default=1)
 args = p.parse_args()
 
 
@@ -56,7 +57,7 @@ targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), max_steps=arg
                           per_device_train_batch_size=2, learning_rate=1e-3, lr_scheduler_type="linear",
                           warmup_steps=2, save_strategy="no", report_to=[], logging_steps=1, seed=0,
                           use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True)
-ballast_cb = BallastCallback(args.ckpt)
+ballast_cb = BallastCallback(args.ckpt, save_every=args.save_every)
 trainer = Trainer(model=model, args=targs, train_dataset=Tokens(), callbacks=[ballast_cb, Fault()])
 trainer.train()
 # As the example does: torch 2.x's gloo can abort at interpreter exit while it
@@ -72,5 +73,7 @@ if trainer.args.process_index == 0:
         h.update(v.detach().cpu().contiguous().numpy().tobytes())
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump({"sha256": h.hexdigest(), "resumed_step": ballast_cb.resumed_step,
+                   "reserved_bytes": ballast_cb.reserved_bytes,
+                   "params": sum(p.numel() for p in trainer.model.parameters()),
                    "source": ballast_cb.ckpt.last_load_source, "global_step": trainer.state.global_step,
                    "world": trainer.args.world_size}, f)

@@ -1,7 +1,8 @@
 """Hugging Face Trainer with Ballast turned on by one line
 (callbacks=[BallastCallback(...)], tests/python/hf_train.py), on the pinned
 torch 2.x and transformers, under `ballast launch`, 1 node x 2 workers, DDP
-over gloo: a worker SIGKILLed after step 6's flash save restarts, the Trainer
+over gloo: a worker SIGKILLed after step 6's flash save (every 2nd step, the
+memory reserved after the first) restarts, the Trainer
 resumes from step 6 in memory through its own resume path (data skip, RNG,
 scheduler), and the job ends with the very weights of a run without the fault.
 """
@@ -35,9 +36,14 @@ class HuggingFaceTrainer(TestCase):
     def test_worker_kill_resumes_from_memory_with_the_same_result(self):
         clean, _ = self.run_job("clean")
         self.assertEqual((clean["resumed_step"], clean["global_step"], clean["world"]), (None, 12, 2))
-        faulty, log = self.run_job("faulty", "--kill-step", "6")
+        # Saving every 2nd step: after the first step the callback sizes the
+        # shared memory for the state (Checkpointer.reserve).
+        faulty, log = self.run_job("faulty", "--kill-step", "6", "--save-every", "2")
         self.assertIn("killed by SIGKILL", log)
         self.assertEqual((faulty["resumed_step"], faulty["source"], faulty["global_step"]), (6, "memory", 12), log)
+        self.assertIsNone(clean["reserved_bytes"], "saving every step leaves nothing to reserve")
+        # The parameters and AdamW's two moments, float32.
+        self.assertGreaterEqual(faulty["reserved_bytes"] or 0, 3 * 4 * faulty["params"], faulty)
         self.assertEqual(faulty["sha256"], clean["sha256"], "the resumed run must end with the same weights")
 
     def test_example_runs_as_written(self):

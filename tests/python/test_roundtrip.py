@@ -107,6 +107,32 @@ class RoundTrip(TestCase):
         for p, q in zip(model.parameters(), model2.parameters()):
             self.assertTrue(torch.equal(p, q))
 
+    def test_reserve_sizes_the_memory_the_first_save_needs_without_reading_data(self):
+        import time
+        torch.manual_seed(0)
+        model = torch.nn.Linear(512, 1024)
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(2, 512)).sum().backward()
+        opt.step()
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": 1}
+        c = self.checkpointer()
+        planned = c.reserve(state)
+        deadline = time.monotonic() + 30
+        while c._store.growing() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(c._store.growing())
+        c.save(123456789, state)  # a longer step number than the reserve's
+        self.assertLessEqual(c._largest_image, planned + (64 << 10))
+        self.assertGreaterEqual(c._largest_image, planned - 256)
+        step, got = c.load()
+        self.assertEqual(step, 123456789)
+        self.assertStateEqual(state, got)
+        # Shapes and dtypes only: tensors without data will do.
+        meta = {"w": torch.empty(1 << 20, device="meta"), "b": torch.empty(3, dtype=torch.float16, device="meta")}
+        self.assertGreaterEqual(self.checkpointer().reserve(meta), 4 << 20)
+        with self.assertRaisesRegex(TypeError, "cannot checkpoint"):
+            c.reserve({"x": object()})
+
     def test_parameters_keep_requires_grad(self):
         p = torch.nn.Parameter(torch.randn(3))
         got = self.roundtrip({"p": p, "plain": torch.ones(2)})
