@@ -15,8 +15,11 @@ callback then
   and every RNG state every ``save_every`` optimizer steps (a memory copy;
   with ``persist_every`` the step is also written to disk in the background);
 * reports each step to the agent (``ballast.step``: hang detection, goodput,
-  and with the model the replica fingerprints that find silent data
-  corruption);
+  the replica fingerprints that find silent data corruption, and the step's
+  loss, so a NaN/Inf loss or, with ``--loss-spike``, a spike rolls the job
+  back to the newest step before it; the Trainer replays its own data order
+  then, so a bad loss the data itself causes comes back, and the job fails
+  after ``--max-rollbacks``);
 * resumes on every start from the newest step that memory, a peer node's
   replica or the disk holds: ``trainer.train()`` without
   ``resume_from_checkpoint`` goes through the Trainer's own resume path
@@ -126,6 +129,7 @@ class BallastCallback(TrainerCallback):
         self._trainer = None
         self._restore = None      # (directory handed to the Trainer, loaded state)
         self.reserved_bytes = None  # what Checkpointer.reserve sized the memory for (save_every > 1)
+        self._loss = None         # the running step's loss (Trainer.training_step's, summed)
         if trainer is not None:
             self.attach(trainer)
 
@@ -150,6 +154,7 @@ class BallastCallback(TrainerCallback):
         def train_with_resume(resume_from_checkpoint=None, *args, **kwargs):
             self._cleanup()
             self.resumed_step = None
+            self._loss = None
             if resume_from_checkpoint is None or resume_from_checkpoint is False:
                 resume_from_checkpoint = self._restore_point(trainer) or None
             try:
@@ -158,6 +163,19 @@ class BallastCallback(TrainerCallback):
                 self._cleanup()
 
         trainer.train = train_with_resume
+        training_step = trainer.training_step
+
+        @functools.wraps(training_step)
+        def training_step_watched(*args, **kwargs):
+            # The step's loss, summed over its gradient-accumulation batches,
+            # for on_step_end to report (the Trainer passes callbacks none).
+            loss = training_step(*args, **kwargs)
+            if isinstance(loss, torch.Tensor):
+                loss = loss.detach()
+                self._loss = loss if self._loss is None else self._loss + loss
+            return loss
+
+        trainer.training_step = training_step_watched
         for name in ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_rng_state", "_load_scaler"):
             setattr(trainer, name, self._loader(name, getattr(trainer, name)))
 
@@ -212,8 +230,12 @@ class BallastCallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         step = state.global_step
         # With the model: its replicas' fingerprints are compared every
-        # --replica-check-every steps (silent data corruption; ballast.health).
-        report_step(step, model=model)
+        # --replica-check-every steps (silent data corruption); with the loss:
+        # a NaN/Inf (or a spike) rolls the job back (ballast.health).
+        loss, self._loss = self._loss, None
+        # float() of a GPU tensor waits for the device; the Trainer's own NaN
+        # filter (logging_nan_inf_filter, on by default) already does each step.
+        report_step(step, loss=None if loss is None else float(loss), model=model)
         ckpt = self._checkpointer(args)
         if step % self.save_every:
             if self.reserved_bytes is None:

@@ -4,7 +4,8 @@ torch 2.x and transformers, under `ballast launch`, 1 node x 2 workers, DDP
 over gloo: a worker SIGKILLed after step 6's flash save (every 2nd step, the
 memory reserved after the first) restarts, the Trainer
 resumes from step 6 in memory through its own resume path (data skip, RNG,
-scheduler), and the job ends with the very weights of a run without the fault.
+scheduler), and the job ends with the very weights of a run without the fault;
+the same after a NaN loss the callback reports (rolled back to step 4).
 """
 
 import json
@@ -21,10 +22,10 @@ SCRIPT = os.path.join(HERE, "hf_train.py")
 
 
 class HuggingFaceTrainer(TestCase):
-    def run_job(self, name, *extra):
+    def run_job(self, name, *extra, launch=()):
         out = os.path.join(self.tmp, name)
         os.makedirs(out)
-        argv = [BIN, "launch", "--python", torch2_python(), "--nodes", "1", "--nproc-per-node", "2",
+        argv = [BIN, "launch", "--python", torch2_python(), "--nodes", "1", "--nproc-per-node", "2", *launch,
                 SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"), "--steps", "12", *extra]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=240,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -45,6 +46,16 @@ class HuggingFaceTrainer(TestCase):
         # The parameters and AdamW's two moments, float32.
         self.assertGreaterEqual(faulty["reserved_bytes"] or 0, 3 * 4 * faulty["params"], faulty)
         self.assertEqual(faulty["sha256"], clean["sha256"], "the resumed run must end with the same weights")
+
+    def test_a_nan_loss_rolls_back_to_the_step_before_and_the_run_ends_as_without_it(self):
+        # Rank 1 reports a NaN loss at step 5 (the callback passes the
+        # Trainer's loss to ballast.step): the job rolls back to step 4 in
+        # memory, and the Trainer resumes from there.
+        clean, _ = self.run_job("clean")
+        rolled, log = self.run_job("nan", launch=("--chaos", "nan:rank=1,at_step=5"))
+        self.assertIn("non-finite loss", log)
+        self.assertEqual((rolled["resumed_step"], rolled["source"], rolled["global_step"]), (4, "memory", 12), log)
+        self.assertEqual(rolled["sha256"], clean["sha256"], "the rolled-back run must end with the same weights")
 
     def test_example_runs_as_written(self):
         example = os.path.join(HERE, "../../examples/hf_trainer.py")
