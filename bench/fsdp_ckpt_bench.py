@@ -95,15 +95,7 @@ def main_child(args):
     from torch.distributed.tensor import init_device_mesh
 
     sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
-    import atexit
-
-    import ballast
-    from ballast.progress import _settle_collectives
-
-    # torchrun, not a ballast agent, runs this: register what `import ballast`
-    # does under an agent, so torch 2.x's gloo threads finish before the
-    # interpreter finalizes (else it aborts now and then at exit).
-    atexit.register(_settle_collectives)
+    import ballast  # also lets gloo's threads finish before the interpreter finalizes (torch 2.x)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

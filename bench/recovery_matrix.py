@@ -268,6 +268,8 @@ class Ballast:
             argv += ["--hang-timeout", str(a.hang_timeout)]
         if a.warm_modules:
             argv += ["--warm-modules", a.warm_modules]
+        if a.spares:
+            argv += ["--spares", str(a.spares)]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         job.start("launch", argv + script_args(job.out, "none" if ckpt == "none" else "ballast", None), env)
 
@@ -511,7 +513,7 @@ def run_trial(system, a, nodes, ckpt, fault, world, out, job, rec, agent_pids):
             if system.name != "ballast":
                 break
             ready = {m.group(1) for m in WARM_READY.finditer(job.log_text())}
-            if len(ready) >= nodes:
+            if len(ready) >= nodes + a.spares:  # the spares' interpreters too
                 rec["warm_ready"] = True
                 break
             if time.time() - steps_ready_t > a.warm_wait:
@@ -677,6 +679,8 @@ def main():
     p.add_argument("--hang-timeout", type=float, default=3.0,
                    help="Ballast's --hang-timeout and the peers' gloo collective timeout in the hang cells")
     p.add_argument("--warm-modules", default="", help="passed to `ballast launch --warm-modules`")
+    p.add_argument("--spares", type=int, default=0,
+                   help="Ballast's hot spares (`ballast launch --spares`; NxP+Ks in the table); the peers have none")
     p.add_argument("--start-timeout", type=float, default=240.0, help="s from launch to step 40 on every rank")
     p.add_argument("--warm-wait", type=float, default=60.0,
                    help="s past step 40 to wait for every node's warm interpreters before the fault anyway")
@@ -731,7 +735,7 @@ def main():
                 for ckpt in ckpts:
                     i += 1
                     cell = {"torch": t["name"], "torch_version": t["version"], "nodes": nodes, "nproc": a.nproc,
-                            "ckpt": ckpt, "fault": fault, "peers": {}}
+                            "spares": a.spares, "ckpt": ckpt, "fault": fault, "peers": {}}
                     label = f"[{i}/{n_cells}] torch {t['name']} {nodes}x{a.nproc} {ckpt} {fault}"
                     for name, system in systems.items():
                         peer_ckpt = "none" if ckpt == "none" else "torch.save"
@@ -818,7 +822,8 @@ def print_table(cells):
         tg = c["targets"]
         mark = lambda v: "-" if v is None else ("ok" if v else "MISSED")  # noqa: E731
         targets = f"warm {mark(tg['warm'])}, peer {mark(tg['peer_met'])}, ckpt {mark(tg['ckpt_met'])}"
-        rows.append([c["torch_version"], f"{c['nodes']}x{c['nproc']}", c["ckpt"], c["fault"], c["ballast"]["text"],
+        nxp = f"{c['nodes']}x{c['nproc']}" + (f"+{c['spares']}s" if c.get("spares") else "")
+        rows.append([c["torch_version"], nxp, c["ckpt"], c["fault"], c["ballast"]["text"],
                      starts_text(c["ballast"]["trials"]), source_text(c["ballast"]["trials"])] +
                     [c["peers"].get(n, {}).get("text", "-") for n in peers] +
                     ["-" if tg["vs_best_peer"] is None else f"{tg['vs_best_peer']:.2f} ({tg['best_peer']})",

@@ -90,7 +90,7 @@ def _settle_collectives():
     # after wait() returned, and needs the GIL to; once the interpreter is
     # finalizing, taking it ends the thread inside a noexcept destructor
     # (std::terminate: the worker aborts after its work is done, and its
-    # agent restarts a job that had finished). Give those threads the GIL
+    # agent, or torchrun, restarts a job that had finished). Give those threads the GIL
     # before finalization starts. Costs 50 ms at exit, only after torch.distributed was used.
     if "torch.distributed" not in sys.modules:
         return
@@ -101,10 +101,9 @@ def _settle_collectives():
 
 
 def install_exit_settle():
-    """Under an agent, lets torch's collective threads finish before the
-    interpreter finalizes (see _settle_collectives); returns whether it did."""
-    if not os.environ.get("BALLAST_NODE_ID"):
-        return False
+    """Lets torch's collective threads finish before the interpreter
+    finalizes (see _settle_collectives), under any launcher: an agent's
+    worker, torchrun's, or a plain process; returns True."""
     atexit.register(_settle_collectives)
     return True
 

@@ -681,7 +681,12 @@ void Agent::ReportFailure(v1::FailureReport report) {
 std::optional<int> Agent::PollWorkers() {
   InjectChaos();
   if (precheck_ != nullptr) precheck_->Poll();
-  if (!running_round_) return std::nullopt;
+  if (!running_round_) {
+    // A hot spare (or a node between rounds): its warm interpreters get
+    // ready and take in what the training nodes publish.
+    if (warm_starter_ != nullptr) warm_starter_->Poll(MonotonicNowNs(), false);
+    return std::nullopt;
+  }
   std::vector<WorkerEvent> events = workers_->Poll();
   for (const WorkerEvent& e : events) {
     if (e.kind == WorkerEvent::Kind::kFailed) {

@@ -15,20 +15,26 @@ WarmStarter::WarmStarter(WarmPool* pool, WorkerGroup* workers, int local_world_s
     : pool_(pool), workers_(workers), local_world_size_(local_world_size), kv_(std::move(kv)),
       log_keys_(std::move(log_keys)) {}
 
+void WarmStarter::PreloadPublished() {
+  absl::StatusOr<std::string> v = kv_.get(kWarmModulesKey);
+  if (!v.ok()) return;
+  nlohmann::json names = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> modules;
+  if (names.is_array()) {
+    for (const nlohmann::json& n : names) {
+      if (n.is_string()) modules.push_back(n.get<std::string>());
+    }
+  }
+  const size_t before = pool_->preloaded().size();
+  pool_->Preload(modules);
+  if (pool_->preloaded().size() != before) ready_logged_ = false;
+}
+
 void WarmStarter::PrepareNow() {
   if (pool_->disabled()) return;
   if (!kv_read_) {
     kv_read_ = true;
-    if (absl::StatusOr<std::string> v = kv_.get(kWarmModulesKey); v.ok()) {
-      nlohmann::json names = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
-      std::vector<std::string> modules;
-      if (names.is_array()) {
-        for (const nlohmann::json& n : names) {
-          if (n.is_string()) modules.push_back(n.get<std::string>());
-        }
-      }
-      pool_->Preload(modules);
-    }
+    PreloadPublished();
   }
   ready_logged_ = false;
   const std::map<std::string, std::string> env = workers_->InterpreterEnvironment();
@@ -72,7 +78,16 @@ void WarmStarter::Learn(uint64_t now_ns) {
 }
 
 void WarmStarter::Poll(uint64_t now_ns, bool workers_running) {
-  if (workers_running) Learn(now_ns);
+  if (workers_running) {
+    Learn(now_ns);
+  } else if (!pool_->disabled() && now_ns >= kv_again_ns_) {
+    // A hot spare's interpreters were prepared at its join, before the
+    // training workers imported what their first steps need (torch 2.x: DDP
+    // brings torch._dynamo, seconds of imports): take those in as the
+    // others publish them, so a promoted spare starts as warm as they would.
+    kv_again_ns_ = now_ns + kKvAgainNs;
+    PreloadPublished();
+  }
   pool_->Poll();
   if (pool_->disabled() && !disabled_logged_) {
     disabled_logged_ = true;

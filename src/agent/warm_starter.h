@@ -40,6 +40,9 @@ class WarmStarter {
   static constexpr char kWarmModulesKey[] = "warm/modules";
   static constexpr uint64_t kPrepareFallbackNs = 3'000'000'000ull;
   static constexpr uint64_t kLearnAgainNs[] = {2'000'000'000ull, 8'000'000'000ull, 20'000'000'000ull};
+  // A node without running workers (a hot spare, a node waiting for a
+  // round) reads the published module list again this often.
+  static constexpr uint64_t kKvAgainNs = 2'000'000'000ull;
 
   // pool and workers are not owned and outlive the starter; log_keys gives
   // the "node=... round=..." suffix of its log lines.
@@ -53,12 +56,16 @@ class WarmStarter {
   // Every running worker's process group is up / made its first step.
   void ProcessGroupsUp(uint64_t now_ns);
   void FirstStep(uint64_t now_ns);
-  // Every agent poll: learns from running workers, polls the pool, prepares
-  // when due, logs when the pool turns off or every interpreter is ready.
+  // Every agent poll, with or without a round: learns from running workers
+  // (without them: from the list the other nodes publish, every
+  // kKvAgainNs), polls the pool, prepares when due, logs when the pool turns
+  // off or every interpreter is ready.
   void Poll(uint64_t now_ns, bool workers_running);
 
  private:
   void Learn(uint64_t now_ns);
+  // Preloads what the KV store's list names that the pool does not have yet.
+  void PreloadPublished();
 
   WarmPool* pool_;
   WorkerGroup* workers_;
@@ -69,6 +76,7 @@ class WarmStarter {
   uint64_t learn_again_ns_ = 0;  // when to ask the workers again (0: not)
   size_t learn_asks_ = 0;
   bool kv_read_ = false;
+  uint64_t kv_again_ns_ = 0;     // when a node without workers reads the list again
   bool disabled_logged_ = false;
   bool ready_logged_ = true;  // false from a Prepare or a preload until all say ready
 };

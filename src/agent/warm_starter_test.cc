@@ -117,5 +117,34 @@ TEST_F(WarmStarterTest, LearnsTheModulesRunningWorkersImportedAndPublishesThem) 
   group.Stop(0);
 }
 
+// A hot spare prepared its interpreters at its join, before anything was
+// published: while it waits without workers it reads the list again and
+// preloads what the training nodes' workers imported.
+TEST_F(WarmStarterTest, ANodeWithoutWorkersTakesInTheModulesPublishedAfterItsJoin) {
+  FakeKv kv;
+  WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}});
+  WorkerGroup group(Spec(&pool, (dir_ / "unused.py").string()));
+  WarmStarter starter(&pool, &group, 2, Kv(&kv), [] { return std::string("node=spare"); });
+  starter.PrepareNow();
+  EXPECT_TRUE(pool.preloaded().empty());
+  const uint64_t t0 = Now();
+  starter.Poll(t0, false);
+  kv.kv[WarmStarter::kWarmModulesKey] = R"(["fractions"])";
+  starter.Poll(t0 + 1, false);  // read less than kKvAgainNs ago: not yet
+  EXPECT_TRUE(pool.preloaded().empty());
+  starter.Poll(t0 + WarmStarter::kKvAgainNs, false);
+  EXPECT_EQ(pool.preloaded(), (std::vector<std::string>{"fractions"}));
+  for (int i = 0; i < 1000 && !(pool.ready(0) && pool.ready(1)); ++i) {
+    starter.Poll(t0 + WarmStarter::kKvAgainNs + 1, false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(pool.ready(0) && pool.ready(1));
+  // The list grows: the next read adds only what is new.
+  kv.kv[WarmStarter::kWarmModulesKey] = R"(["fractions", "decimal"])";
+  starter.Poll(t0 + 3 * WarmStarter::kKvAgainNs, false);
+  EXPECT_EQ(pool.preloaded(), (std::vector<std::string>{"fractions", "decimal"}));
+  group.Stop(0);
+}
+
 }  // namespace
 }  // namespace ballast::agent

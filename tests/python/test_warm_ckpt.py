@@ -10,7 +10,9 @@ memory or a peer's replica, never from disk.
   from its own memory;
 - a node lost (its agent SIGKILLed, its shared memory removed): the survivor
   and the replacement start warm, the survivor's ranks load from memory, the
-  replacement's from the replica the survivor holds.
+  replacement's from the replica the survivor holds; the same with a hot
+  spare (`--spares 1`), whose interpreters preload what the training nodes'
+  workers imported while it waits.
 
 The same runs on the pinned torch 2.x (BALLAST_TORCH2_PYTHON, the venv `make`
 builds), where a warm start also needs the modules the workers imported after
@@ -39,12 +41,13 @@ TIMELINE = re.compile(r"recovery timeline \(round (\d+), (.*?) start\).* node=(\
 
 
 class WarmRestartWithCheckpoints(TestCase):
-    def run_job(self, python, fault):
+    def run_job(self, python, fault, spares=0):
         out = os.path.join(self.tmp, fault)
         os.makedirs(out)
         trigger = os.path.join(out, "trigger")
         log_path = os.path.join(out, "launch.log")
         argv = [BIN, "launch", "--python", python, "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "3",
+                *(["--spares", str(spares)] if spares else []),
                 SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"), "--steps", str(STEPS),
                 "--step-time", "0.02", "--trigger", trigger, "--kill-rank", "2"]
         if fault == "node-loss":
@@ -58,9 +61,9 @@ class WarmRestartWithCheckpoints(TestCase):
                     return f.read()
             # Both agents' interpreters for the next start are ready (torch
             # and, after the first steps, what the workers imported).
-            wait_for("both nodes' warm interpreters", lambda: len(set(re.findall(
+            wait_for("every node's warm interpreters", lambda: len(set(re.findall(
                 r"warm interpreters ready for the next \(re\)start \(2 local ranks, [1-9]\d* modules.* node=(\S+)",
-                text()))) >= 2, 150)
+                text()))) >= 2 + spares, 150)
             open(trigger, "w").close()
             proc.wait(timeout=240)
         finally:
@@ -121,6 +124,21 @@ class WarmRestartWithCheckpoints(TestCase):
     def test_node_loss_restarts_survivor_and_replacement_warm(self):
         out, log = self.run_job(TORCH1, "node-loss")
         self.check(out, log, "node-loss")
+
+    def test_node_loss_with_a_hot_spare_restarts_the_new_world_warm(self):
+        # `ballast launch --spares 1`: a third agent waits outside the world.
+        # Its interpreters take in the modules the training nodes publish (the
+        # run waits for all three nodes' "ready ... N modules" lines before the
+        # fault). The lost node's place goes to a waiting node (the spare, or
+        # the lost node's own replacement when it joined before the loss was
+        # declared), which starts warm and loads the lost ranks from the
+        # survivor's replica; the other one stays waiting.
+        out, log = self.run_job(TORCH1, "node-loss", spares=1)
+        self.check(out, log, "node-loss")
+        self.assertRegex(log, r"spare node \S+ takes the place of node node-1 ")
+        self.assertIn("starting 3 agent(s) (nodes 2 + 1 spare(s)", log)
+        rounds = [int(r) for r in re.findall(r"round=(\d+) starts:", log)]
+        self.assertEqual(rounds, [1, 2], "one new round for the loss, none for a node that joins as a spare")
 
     def test_torch2_worker_kill_restarts_both_nodes_warm(self):
         out, log = self.run_job(torch2_python(), "worker-kill")
