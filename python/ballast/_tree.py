@@ -92,9 +92,9 @@ class Shard:
                 f"offsets={self.offsets}, dtype={self.tensor.dtype})")
 
 
-def _prepare_tensor(t, path, keep_device=False):
-    """A CPU (or, with keep_device, the tensor's own device), contiguous,
-    plain-strided tensor with the same values, and its dtype name."""
+def _dtype_name(t, path):
+    """The name a save stores t's dtype under; TypeError (naming the path)
+    for a tensor a save refuses."""
     where = "/".join(path) or "<root>"
     if t.layout != torch.strided:
         raise TypeError(f"cannot checkpoint the {t.layout} tensor at '{where}': only dense "
@@ -105,6 +105,13 @@ def _prepare_tensor(t, path, keep_device=False):
     name = DTYPE_TO_NAME.get(t.dtype)
     if name is None:
         raise TypeError(f"cannot checkpoint the tensor at '{where}': dtype {t.dtype} is not supported")
+    return name
+
+
+def _prepare_tensor(t, path, keep_device=False):
+    """A CPU (or, with keep_device, the tensor's own device), contiguous,
+    plain-strided tensor with the same values, and its dtype name."""
+    name = _dtype_name(t, path)
     t = t.detach()
     if t.device.type != "cpu" and not keep_device:
         t = t.cpu()  # through torch: synchronizes the copy from the device
@@ -284,9 +291,7 @@ class SizeEncoder(Encoder):
     from a GPU."""
 
     def _tensor(self, t, path):
-        name = DTYPE_TO_NAME.get(t.dtype)
-        if name is None:
-            _prepare_tensor(t, path)  # raises the save's error for this tensor
+        name = _dtype_name(t, path)  # refuses what a save refuses
         key = self._key(path)
         self.entries.append((key, name, tuple(t.shape), 0, t.numel() * t.element_size()))
         return key

@@ -71,6 +71,8 @@ constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
 constexpr uint32_t kControlVersion = 4;
 constexpr uint64_t kControlBytes = 4096;
 constexpr uint64_t kGrowGranularity = 2u << 20;
+// The capacity a slot grows to for an image of `bytes`.
+uint64_t GrowTarget(uint64_t bytes) { return (bytes + kGrowGranularity - 1) / kGrowGranularity * kGrowGranularity; }
 
 static_assert(sizeof(ControlBlock) <= kControlBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -296,7 +298,7 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
     {
       std::lock_guard<std::mutex> lock(mu_);
       ShmSegment& seg = *slots_[cand.slot];
-      const uint64_t want = (image_bytes + kGrowGranularity - 1) / kGrowGranularity * kGrowGranularity;
+      const uint64_t want = GrowTarget(image_bytes);
       if (seg.size() < image_bytes) {
         absl::Status s = seg.EnsureCapacity(want, prefault_);
         if (!s.ok()) {
@@ -349,7 +351,7 @@ bool SlotStore::GrowInBackground(uint64_t want, std::vector<int> slots) {
 
 bool SlotStore::Reserve(uint64_t image_bytes, int slots) {
   if (!prefault_ || image_bytes == 0) return false;
-  const uint64_t want = (image_bytes + kGrowGranularity - 1) / kGrowGranularity * kGrowGranularity;
+  const uint64_t want = GrowTarget(image_bytes);
   std::vector<int> to_grow;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -132,6 +132,8 @@ class RoundTrip(TestCase):
         self.assertGreaterEqual(self.checkpointer().reserve(meta), 4 << 20)
         with self.assertRaisesRegex(TypeError, "cannot checkpoint"):
             c.reserve({"x": object()})
+        with self.assertRaisesRegex(TypeError, "only dense tensors"):  # as save refuses it
+            c.reserve({"s": torch.eye(2).to_sparse()})
 
     def test_parameters_keep_requires_grad(self):
         p = torch.nn.Parameter(torch.randn(3))
