@@ -2,8 +2,8 @@
 at each scale, with each kind of checkpoint, on each torch; against the peers.
 
 Cells: {1x2, 2x2, 3x2 nodes x workers} x {no checkpoint, flash checkpoint
-every step, flash + peer replicas} x {worker SIGKILL, node loss, hang} x
-{torch 1.13, torch 2.x}. Every cell runs bench/matrix_train.py (DDP on gloo,
+every step, flash + peer replicas} x {worker SIGKILL, node loss, hang, early
+worker SIGKILLs} x {torch 1.13, torch 2.x}. Every cell runs bench/matrix_train.py (DDP on gloo,
 CPU, a tiny deterministic model, 0.05 s a step of simulated compute) on this
 machine, every "node" an agent on 127.0.0.1, under
 
@@ -54,6 +54,17 @@ passed step 40, as in a job that fails minutes in:
                get a timeout of S (--pg-timeout) and the surviving ranks'
                failure restarts them. The time counts from the hang.
 
+early-kill is the exception to "once warm interpreters are ready": faults
+come early too, at a job's start and right after a restart (a flapping
+node). The worker of the last global rank is SIGKILLed --early-kill-at
+(3) s after the job's first step (every rank's), whatever Ballast's warm
+interpreters have loaded by then, and again --second-kill-after (2) s after
+the world came back (every rank's first step after the first kill). Both
+recoveries are measured; the cell shows "first then second". Targets: the
+first <= 0.5x the best peer's first, the second <= 1.2x the first ("again").
+The trial's line also shows what each start's warm interpreters had
+imported when they were taken (the agents' "warm interpreters taken" lines).
+
 Per cell, for each trial: the kind of start on every node of the recovery
 round (warm/cold, and why, from the agents' "recovery timeline (round R,
 KIND start): ... node=ID round=R" lines; a replacement node is marked *),
@@ -66,8 +77,8 @@ step resumed), and the peers' kill -> first step, or "failed"
 --recovery-timeout). Medians over --trials; a cell where a trial failed
 or hung says so (beside the median of the others, if any).
 
-Targets (the issue's), checked per cell: every node's start warm; recovery
-<= 0.5x the best peer on the same torch (a peer that failed or hung counts
+Targets (the issue's), checked per cell: every node's start warm (both
+starts in early-kill); recovery <= 0.5x the best peer on the same torch (a peer that failed or hung counts
 as beaten, not as a time); a checkpoint cell within 1.2x of the
 no-checkpoint cell of the same torch, nodes and fault.
 
@@ -83,9 +94,10 @@ run nothing else meanwhile.
 
 usage: recovery_matrix.py [--ballast build/bin/ballast] [--torch 1.13,2] [--python2 PATH]
            [--nodes 1,2,3] [--nproc 2] [--ckpt none,flash,replicas]
-           [--fault kill-worker,node-loss,hang] [--peers torchrun,dlrover] [--trials 1]
-           [--hang-timeout 3] [--json FILE]
+           [--fault kill-worker,node-loss,hang,early-kill] [--peers torchrun,dlrover] [--trials 1]
+           [--hang-timeout 3] [--early-kill-at 3] [--second-kill-after 2] [--json FILE]
 e.g.   recovery_matrix.py --torch 1.13 --nodes 2 --ckpt none,replicas --fault node-loss --peers torchrun
+       recovery_matrix.py --torch 2 --nodes 1 --ckpt none --fault early-kill --peers torchrun --trials 5
 """
 import argparse
 import glob
@@ -109,7 +121,7 @@ KILL_STEP = 40
 STEP_TIME = 0.05
 PERSIST_EVERY = 10
 CKPTS = ("none", "flash", "replicas")
-FAULTS = ("kill-worker", "node-loss", "hang")
+FAULTS = ("kill-worker", "node-loss", "hang", "early-kill")
 PEERS = ("torchrun", "dlrover")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_events import read_events  # noqa: E402  (the format matrix_train.py writes)
@@ -502,13 +514,23 @@ def run_trial(system, a, nodes, ckpt, fault, world, out, job, rec, agent_pids):
             agent_pids.update(system.agents(job).values())
             scanned[0] = time.time()
 
+    early = fault == "early-kill"
     while True:  # until every rank passed KILL_STEP and (Ballast) every node's warm interpreters are ready
         if time.time() > deadline:
-            raise RuntimeError(f"no step {KILL_STEP} on every rank within {a.start_timeout:.0f} s")
+            raise RuntimeError(f"no step {1 if early else KILL_STEP} on every rank within {a.start_timeout:.0f} s")
         if not job.alive():
             raise RuntimeError(f"the job exited before the fault ({job.exits()})")
         scan_agents()
-        if min(latest_steps(out, world)) >= KILL_STEP:
+        if early:  # a fixed time after the job's first step, whatever is ready by then
+            firsts = first_step_times(out, world)
+            if firsts is not None:
+                rec["first_step_after_launch_s"] = max(firsts) - t_start
+                t_kill = max(firsts) + a.early_kill_at
+                while time.time() < t_kill and job.alive():
+                    scan_agents()
+                    time.sleep(0.01)
+                break
+        elif min(latest_steps(out, world)) >= KILL_STEP:
             steps_ready_t = steps_ready_t or time.time()
             if system.name != "ballast":
                 break
@@ -524,7 +546,9 @@ def run_trial(system, a, nodes, ckpt, fault, world, out, job, rec, agent_pids):
     before = latest_steps(out, world)
     rec["step_at_fault"] = max(before)
     victim = world - 1
-    if fault == "kill-worker":
+    if early:
+        rec["kill_after_first_step_s"] = time.time() - max(firsts)
+    if fault in ("kill-worker", "early-kill"):
         pid = [e for e in read_events(out, victim) if e["event"] == "start"][-1]["pid"]
         t_fault = time.time()
         os.kill(pid, signal.SIGKILL)
@@ -543,7 +567,43 @@ def run_trial(system, a, nodes, ckpt, fault, world, out, job, rec, agent_pids):
             elif time.time() > hang_deadline:
                 raise RuntimeError(f"rank {victim} did not hang within 30 s of being told to")
             time.sleep(0.02)
-    # Until every rank of the world completed a step in a process started after the fault.
+    outcome, got = await_recovery(job, out, world, t_fault, a, scan_agents, rec)
+    if fault == "hang":
+        rec["threshold_s"] = a.hang_timeout  # included in recovery_s (detection or collective timeout)
+    second = None
+    if early and outcome == "ok":
+        # A flapping worker: killed again a fixed time after the world came
+        # back (every rank's first step), whatever the next start has ready.
+        t_kill = max(e["t"] for _, e in got.values()) + a.second_kill_after
+        while time.time() < t_kill and job.alive():
+            scan_agents()
+            time.sleep(0.01)
+        second = {"step_at_fault": max(latest_steps(out, world))}
+        pid = [e for e in read_events(out, victim) if e["event"] == "start"][-1]["pid"]
+        t_fault2 = time.time()
+        os.kill(pid, signal.SIGKILL)
+        second["kill_after_recovery_s"] = t_fault2 - (t_kill - a.second_kill_after)
+        _, got2 = await_recovery(job, out, world, t_fault2, a, scan_agents, second)
+        rec["second"] = second
+    # Stop the job cleanly: every rank ends at the same step.
+    with open(os.path.join(out, "stop.tmp"), "w") as f:
+        f.write(str(max(latest_steps(out, world)) + 10))
+    os.replace(os.path.join(out, "stop.tmp"), os.path.join(out, "stop"))
+    job.stop(grace=30 if outcome == "ok" else 1)
+    rec["exit"] = [p.returncode for _, p in job.procs]
+    if system.name == "ballast":
+        log = job.log_text()
+        starts_of(rec, log, got)
+        if second is not None:
+            starts_of(second, log, got2)
+        rec["taken"] = taken_of(log)
+    return rec
+
+
+def await_recovery(job, out, world, t_fault, a, scan_agents, rec):
+    """Waits until every rank of the world completed a step in a process
+    started after t_fault; fills rec (outcome, recovery_s, resumed, ...).
+    (outcome, {rank: (start event, first step event)})."""
     deadline = time.time() + a.recovery_timeout
     outcome = None
     while outcome is None:
@@ -560,8 +620,6 @@ def run_trial(system, a, nodes, ckpt, fault, world, out, job, rec, agent_pids):
         else:
             time.sleep(0.05)
     rec["outcome"] = outcome
-    if fault == "hang":
-        rec["threshold_s"] = a.hang_timeout  # included in recovery_s (detection or collective timeout)
     rec["ranks_back"] = len(got)
     if got:
         rec["restarted_s"] = max(s["t"] for s, _ in got.values()) - t_fault
@@ -572,15 +630,27 @@ def run_trial(system, a, nodes, ckpt, fault, world, out, job, rec, agent_pids):
                       for r, (s, _) in sorted(got.items())}
     if got:
         rec["lost_steps"] = rec["step_at_fault"] - min(s["step"] for s, _ in got.values())
-    # Stop the job cleanly: every rank ends at the same step.
-    with open(os.path.join(out, "stop.tmp"), "w") as f:
-        f.write(str(max(latest_steps(out, world)) + 10))
-    os.replace(os.path.join(out, "stop.tmp"), os.path.join(out, "stop"))
-    job.stop(grace=30 if outcome == "ok" else 1)
-    rec["exit"] = [p.returncode for _, p in job.procs]
-    if system.name == "ballast":
-        starts_of(rec, job.log_text(), got)
-    return rec
+    return outcome, got
+
+
+def first_step_times(out, world):
+    """Each rank's time of its first step in the job, or None before every rank made one."""
+    times = []
+    for r in range(world):
+        t = next((e["t"] for e in read_events(out, r) if e["event"] == "step"), None)
+        if t is None:
+            return None
+        times.append(t)
+    return times
+
+
+TAKEN = re.compile(r"warm interpreters taken: (.*?) node=(\S+) round=(\d+)")
+
+
+def taken_of(log):
+    """What each node's warm interpreters had imported when a start took them
+    (the agents' "warm interpreters taken" lines): [{node, round, ranks}]."""
+    return [{"node": m.group(2), "round": int(m.group(3)), "ranks": m.group(1)} for m in TAKEN.finditer(log)]
 
 
 def starts_of(rec, log, got):
@@ -678,6 +748,10 @@ def main():
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--hang-timeout", type=float, default=3.0,
                    help="Ballast's --hang-timeout and the peers' gloo collective timeout in the hang cells")
+    p.add_argument("--early-kill-at", type=float, default=3.0,
+                   help="early-kill cells: s after the job's first step (every rank's) to the first kill")
+    p.add_argument("--second-kill-after", type=float, default=2.0,
+                   help="early-kill cells: s after the first recovery (every rank's first step) to the second kill")
     p.add_argument("--warm-modules", default="", help="passed to `ballast launch --warm-modules`")
     p.add_argument("--spares", type=int, default=0,
                    help="Ballast's hot spares (`ballast launch --spares`; NxP+Ks in the table); the peers have none")
@@ -736,6 +810,8 @@ def main():
                     i += 1
                     cell = {"torch": t["name"], "torch_version": t["version"], "nodes": nodes, "nproc": a.nproc,
                             "spares": a.spares, "ckpt": ckpt, "fault": fault, "peers": {}}
+                    if fault == "early-kill":
+                        cell["early"] = {"at": a.early_kill_at, "again": a.second_kill_after}
                     label = f"[{i}/{n_cells}] torch {t['name']} {nodes}x{a.nproc} {ckpt} {fault}"
                     for name, system in systems.items():
                         peer_ckpt = "none" if ckpt == "none" else "torch.save"
@@ -753,9 +829,17 @@ def main():
                             trials.append(r)
                             what = (f"{r['recovery_s']:.2f} s" if r.get("outcome") == "ok" else
                                     r.get("outcome", "error") + (f": {r['error']}" if r.get("error") else ""))
+                            if "second" in r:
+                                r2 = r["second"]
+                                what += (f", again {r2['recovery_s']:.2f} s" if r2.get("outcome") == "ok" else
+                                         f", again {r2.get('outcome', 'error')}")
                             extra = ""
                             if name == "ballast" and r.get("outcome") in ("ok", "failed", "hung"):
                                 extra = f"  starts: {starts_text([r])}  state: {source_text([r])}"
+                                if "second" in r:
+                                    extra += f"  again: {starts_text([r['second']])}"
+                                for tk in r.get("taken", []):
+                                    extra += f"\n    round {tk['round']} {tk['node']} took: {tk['ranks']}"
                             if r.get("leftover_shm"):
                                 extra += f"  LEFTOVER /dev/shm (removed): {' '.join(r['leftover_shm'])}"
                             if r.get("out"):
@@ -763,6 +847,11 @@ def main():
                             print(f"{label}: {name} trial {k + 1}/{a.trials}: {what}{extra}", flush=True)
                         med, outcome, text = summarize(trials)
                         entry = {"median_s": med, "outcome": outcome, "text": text, "trials": trials}
+                        if fault == "early-kill":  # the second kill's recovery beside the first's
+                            seconds = [t["second"] for t in trials if "second" in t]
+                            med2, outcome2, text2 = summarize(seconds) if seconds else (None, "n/a", "-")
+                            entry.update(second_median_s=med2, second_outcome=outcome2,
+                                         text=f"{text} then {text2}")
                         if name == "ballast":
                             cell["ballast"] = entry
                         else:
@@ -787,8 +876,16 @@ def assess(cells):
     for c in cells:
         b = c["ballast"]
         tg = {}
-        starts = [s for t in b["trials"] for s in t.get("starts", [])]
+        starts = [s for t in b["trials"] for s in t.get("starts", []) + t.get("second", {}).get("starts", [])]
         tg["warm"] = bool(starts) and all(s["kind"] == "warm" for s in starts) and b["outcome"] == "ok"
+        # early-kill: the second kill's recovery within 1.2x of the first's.
+        tg["again"], tg["again_met"] = None, None
+        if c["fault"] == "early-kill":
+            if b["outcome"] != "ok" or b.get("second_outcome") != "ok":
+                tg["again_met"] = False
+            else:
+                tg["again"] = b["second_median_s"] / b["median_s"]
+                tg["again_met"] = tg["again"] <= 1.2
         measured = {n: e for n, e in c["peers"].items() if e["outcome"] != "n/a"}
         ok_peers = {n: e["median_s"] for n, e in measured.items() if e["outcome"] in ("ok", "mixed")}
         if not measured or b["outcome"] != "ok":
@@ -822,6 +919,9 @@ def print_table(cells):
         tg = c["targets"]
         mark = lambda v: "-" if v is None else ("ok" if v else "MISSED")  # noqa: E731
         targets = f"warm {mark(tg['warm'])}, peer {mark(tg['peer_met'])}, ckpt {mark(tg['ckpt_met'])}"
+        if c["fault"] == "early-kill":
+            again = "-" if tg["again"] is None else f"{tg['again']:.2f}x "
+            targets += f", again {again}{mark(tg['again_met'])}"
         nxp = f"{c['nodes']}x{c['nproc']}" + (f"+{c['spares']}s" if c.get("spares") else "")
         rows.append([c["torch_version"], nxp, c["ckpt"], c["fault"], c["ballast"]["text"],
                      starts_text(c["ballast"]["trials"]), source_text(c["ballast"]["trials"])] +
@@ -835,6 +935,11 @@ def print_table(cells):
         print("| " + " | ".join(str(x) for x in r) + " |")
     note = (f"\nkill -> first step that every rank completed, seconds (median); the fault at step >= {KILL_STEP}, "
             f"{STEP_TIME} s a step; the peers checkpoint with torch.save every step in the flash and replicas rows")
+    if any(c["fault"] == "early-kill" for c in cells):
+        e = next(c["early"] for c in cells if c["fault"] == "early-kill")
+        note += (f"; early-kill rows: a worker killed {e['at']:g} s after the job's first step, and again "
+                 f"{e['again']:g} s after the world came back (first recovery then second; 'again' is "
+                 "second / first, target <= 1.2; the peer target compares the first)")
     thresholds = {t["threshold_s"] for c in cells for t in c["ballast"]["trials"] if "threshold_s" in t}
     if thresholds:
         note += (f"; hang rows count from the hang, so they include the {'/'.join(map(str, sorted(thresholds)))} s "

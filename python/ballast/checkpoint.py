@@ -42,6 +42,69 @@ _INCOMING_WAIT_S = 60.0
 # save(blocking=False) copies tensors smaller than this at the call: buffers
 # that forward updates in place (BatchNorm statistics) are small.
 _ASYNC_CLONE_BYTES = 1 << 20
+# The rollback target of silent data corruption (see _at_check_step): how long
+# a check step waits to hear the previous check's verdict before it keeps the
+# older target instead, and whether a newly agreed target is also persisted.
+ENV_SDC_WAIT = "BALLAST_SDC_AGREE_WAIT_S"
+ENV_SDC_PERSIST = "BALLAST_SDC_PERSIST"
+_TARGET_PERSIST_WAIT_S = 10.0
+# Checkpointers under an agent: ballast.step's fingerprint checks pin their targets.
+_under_agent = weakref.WeakSet()
+_sdc_warned = False
+
+
+def _wait_agreed(step, timeout):
+    """Waits until the agent heard that every rank's fingerprints agreed at
+    ``step`` (or a newer one); the newest agreed step it heard."""
+    agreed = _C.progress_sdc_agreed()
+    if agreed >= step:
+        return agreed
+    _C.progress_sdc_wait(step)  # the agent asks the master at once, and again while we wait
+    try:
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while agreed < step and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+            agreed = _C.progress_sdc_agreed()
+    finally:
+        _C.progress_sdc_wait(0)
+    return agreed
+
+
+def _at_check_step(step, every):
+    """ballast.step's fingerprint check at ``step`` (every ``every`` steps),
+    before the fingerprint goes out: keeps each Checkpointer's rollback target
+    for silent data corruption pinned in memory.
+
+    The master rolls a corrupt job back to the newest step at which every
+    rank's fingerprints agreed (SdcChecker). Two slots that rotate with every
+    save would lose that step after two saves, so each Checkpointer keeps
+    pinned (``_pins``) the save it made at or before the newest agreed check
+    step (the target; also persisted, for a node that replaces a corrupt one)
+    and the one at or before the newest check step not judged yet (the next
+    target). A new check step moves them on only once the previous check's
+    verdict is heard, so every rank pins the same steps whatever the timing;
+    the wait is normally one report to the master, since that check is
+    ``every`` steps old. A verdict not heard in BALLAST_SDC_AGREE_WAIT_S (10 s;
+    a master restarting) keeps the older target pinned instead."""
+    global _sdc_warned
+    ckpts = [c for c in list(_under_agent) if c._res.store is not None]
+    if not ckpts:
+        return
+    agreed = _C.progress_sdc_agreed()
+    prev = step - every
+    # The previous check covers a target not yet agreed: hear its verdict first.
+    if prev > agreed and any(c._pins and c._pins[-1][0] > agreed and prev >= c._pins[-1][0] for c in ckpts):
+        timeout = float(os.environ.get(ENV_SDC_WAIT, "10") or 10)
+        agreed = _wait_agreed(prev, timeout)
+        if agreed < prev and not _sdc_warned:
+            _sdc_warned = True
+            warnings.warn(f"ballast: the master's verdict on step {prev}'s parameter fingerprints did not come in "
+                          f"{timeout:g} s ({ENV_SDC_WAIT}); the rollback target stays the checkpoint of step "
+                          f"{agreed} or before")
+    for c in ckpts:
+        c._pin_check(step, agreed)
 
 
 def _dist():
@@ -485,6 +548,10 @@ class Checkpointer:
         self._persist_key = None
         self._host = None  # _tree.HostBuffers for CUDA tensors (GPU saves)
         self._views = []  # weakrefs to the tensors that view a memory slot (load's zero copy)
+        # The rollback targets of silent data corruption kept in memory
+        # (_at_check_step): [check step, saved step, pinning snapshot], oldest first.
+        self._pins = []
+        self._target_persist = None  # a pinned target's persist not known durable yet
         name = shm or os.environ.get(ENV_SHM) or None
         if name:
             store = _C.open_store(name)
@@ -495,6 +562,8 @@ class Checkpointer:
             self.agent = False
         self._res = _Resources(store)
         self._finalizer = weakref.finalize(self, self._res.close)
+        if self.agent:
+            _under_agent.add(self)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -593,6 +662,52 @@ class Checkpointer:
         self._note_growth(step, stats)
         if persist:
             self._request_persist(step, rank, world)
+        if self._pins:
+            # ballast.step(S, model=) came before save(S): S's own save is the check's target.
+            if self._pins[-1][0] == step and self._pins[-1][1] < step:
+                snap = self._store.restore(step=step, verify=False)
+                if snap is not None:
+                    self._pins[-1] = [step, step, snap]
+            # The verdict on the pinned next target came: it is the target now
+            # (the older one's slot goes back to the saves at once).
+            elif len(self._pins) > 1:
+                agreed = _C.progress_sdc_agreed()
+                if agreed >= self._pins[-1][0]:
+                    self._promote(agreed)
+
+    def _promote(self, agreed):
+        """The newest target agreed by ``agreed`` and the targets not judged
+        yet stay pinned, the rest are let go. Returns the targets still
+        awaiting a verdict."""
+        judged = [p for p in self._pins if p[0] <= agreed]
+        waiting = [p for p in self._pins if p[0] > agreed]
+        self._pins = judged[-1:] + waiting
+        return waiting
+
+    def _pin_check(self, check, agreed):
+        """_at_check_step for this Checkpointer: _promote, then, with no
+        target awaiting a verdict, the newest save at or before ``check``
+        becomes the next one, and is persisted: a node that replaces a
+        corrupt one reads it from disk (a later persist request waits for it,
+        since the persister writes only the newest one requested)."""
+        self.wait_saved()
+        if self._promote(agreed):
+            return
+        # Two pinned targets and the saves' two slots fill the store: tensors
+        # that still view the loaded step's slot (an optimizer's state after
+        # load) get their own memory now, once, so that slot is free again.
+        self._release_views()
+        held = [s for s in self._store.steps() if s <= check]
+        if not held:
+            return
+        snap = self._store.restore(step=max(held), verify=False)
+        if snap is None:
+            return
+        self._pins.append([check, max(held), snap])
+        if os.environ.get(ENV_SDC_PERSIST, "1") != "0" and max(held) > self._store.requested_persist_step():
+            rank, world = self.rank_world()
+            self._request_persist(max(held), rank, world)
+            self._target_persist = max(held)
 
     def reserve(self, state_dict, *, blocking=True):
         """Prepares the shared memory for saves of a state like ``state_dict``, in the background.
@@ -707,6 +822,12 @@ class Checkpointer:
 
     def _request_persist(self, step, rank, world):
         key = (self.dir, rank, world, self.keep)
+        target, self._target_persist = self._target_persist, None
+        if self.agent and target is not None and step > target and self._store.durable_step() < target:
+            # The agent persists only the newest step asked for: the rollback
+            # target's write goes first (one shard, in flight since its
+            # check; the wait ends at once if the agent reported it failed).
+            self._store.wait_durable(target, _TARGET_PERSIST_WAIT_S)
         if self.agent:
             if key != self._persist_key:
                 self._store.set_persist_config(self.dir, rank, world, self.keep)
@@ -853,6 +974,19 @@ class Checkpointer:
             step, state = ckpt.load(shards={"w": ((100, 8), (50 * rank, 0), (50, 8))})
             w = state["w"]   # torch.Tensor of shape (50, 8)
         """
+        got = self._load(shards, step=step, device=device, into=into, allow_fresh_start=allow_fresh_start,
+                         mesh=mesh, full=full, from_dcp=from_dcp)
+        if self.agent:
+            # The step every rank resumes from is the first rollback target
+            # of silent data corruption (_at_check_step) until a check agrees.
+            self._pins = []
+            snap = None if got[0] is None else self._store.restore(step=got[0], verify=False)
+            if snap is not None:
+                self._pins = [[got[0], got[0], snap]]
+        return got
+
+    def _load(self, shards, *, step, device, into, allow_fresh_start, mesh, full, from_dcp):
+        """load() itself."""
         self.wait_saved()
         if not self._store.wait_incoming(_INCOMING_WAIT_S):
             warnings.warn(f"the agent's copy of this rank's replica did not finish in {_INCOMING_WAIT_S:.0f} s; "
@@ -916,6 +1050,8 @@ class Checkpointer:
             from_dcp = from_dcp if from_dcp is not None else os.environ.get("BALLAST_FROM_DCP") or None
             if from_dcp is not None and step is None:
                 return self._load_dcp(from_dcp, into)
+            if step is None:
+                self._check_rollback_target(rank, allow_fresh_start)
             self.last_load_source = None
             return None, None
         # Every rank loads the newest step on disk. A rank that still holds
@@ -989,6 +1125,26 @@ class Checkpointer:
             f"{newest + 1} step(s) of training. Keep peer replicas on (--ckpt-replicas 1, the default) or "
             f"persist steps to disk (save(..., persist=True)); to start over anyway, call "
             f"load(allow_fresh_start=True) or set BALLAST_ALLOW_FRESH_START=1")
+
+    def _check_rollback_target(self, rank, allow_fresh_start):
+        """A rollback round (BALLAST_ROLLBACK_BELOW, set by the agent) that
+        finds no step at all: say so instead of starting over silently."""
+        below = int(os.environ.get("BALLAST_ROLLBACK_BELOW", "0") or 0)
+        if below <= 1:
+            return  # nothing before the bad step was ever agreed: step 0 is the target
+        what = (f"the job rolled back to the newest checkpoint before step {below}, but no rank holds one in "
+                f"memory, in a peer's replica or on disk in {self.dir}")
+        if allow_fresh_start is None:
+            allow_fresh_start = os.environ.get("BALLAST_ALLOW_FRESH_START", "") == "1"
+        if allow_fresh_start:
+            if rank == 0:
+                warnings.warn(f"{what}: every rank starts over from step 0 (allowed by allow_fresh_start / "
+                              "BALLAST_ALLOW_FRESH_START=1)")
+            return
+        raise CheckpointLostError(
+            f"{what}: starting over from step 0 would repeat {below - 1} step(s) of training. Report parameter "
+            f"fingerprints with ballast.step(step, model=model) (the target is then kept pinned) or persist "
+            f"steps (save(..., persist=True)); to start over anyway, set BALLAST_ALLOW_FRESH_START=1")
 
     def _inventory(self, step):
         """[_Image] of every step this rank can read in memory: its own
@@ -1203,6 +1359,7 @@ class Checkpointer:
             with ballast.Checkpointer("/ckpt") as ckpt:
                 ckpt.save(1, state)
         """
+        self._pins = []
         self._finalizer()
 
     def __enter__(self):

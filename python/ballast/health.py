@@ -360,5 +360,7 @@ def observe_model(step, model):
               file=sys.stderr, flush=True)
     if not w.under_agent or w.check_every <= 0 or step % w.check_every:
         return
+    from ballast import checkpoint  # the Checkpointers' pinned rollback targets move with the checks
+    checkpoint._at_check_step(step, w.check_every)
     value, group = fingerprint(model)
     _C.progress_fingerprint(step, value, group)

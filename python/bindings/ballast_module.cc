@@ -490,6 +490,16 @@ class PyStore {
       py::gil_scoped_release release;
       if (background) ckpt::MakeThisThreadBackground();
       stats = writer->Save(step, views);
+      // Every slot pinned: readers that copy a step out (the persister, the
+      // replica sender) let go within milliseconds, so wait for one a little
+      // before giving up (a worker's pinned rollback target and a load's
+      // views leave fewer slots free to them).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      for (int pause_us = 200; absl::IsUnavailable(stats.status()) && std::chrono::steady_clock::now() < deadline;
+           pause_us = std::min(pause_us * 2, 20000)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+        stats = writer->Save(step, views);
+      }
     }
     if (absl::IsUnavailable(stats.status())) {
       Check(absl::UnavailableError(absl::StrCat(
@@ -985,6 +995,13 @@ PYBIND11_MODULE(_ballast, m) {
     c->fp_step.store(step, std::memory_order_release);
   }, py::arg("step"), py::arg("value"), py::arg("group"),
      "Publishes a parameter fingerprint in the progress cell (ballast.health); the agent sends it to the master.");
+  m.def("progress_sdc_agreed", [] { return Cell()->sdc_agreed.load(std::memory_order_acquire); },
+        "The newest step at which the master found every rank's parameter fingerprints equal, as the agent "
+        "last heard it (0: none yet, or no agent).");
+  m.def("progress_sdc_wait", [](uint64_t step) { Cell()->sdc_wait.store(step, std::memory_order_release); },
+        py::arg("step"),
+        "Tells the agent that this worker waits to hear whether `step`'s fingerprints agreed (0: no longer): it "
+        "reports to the master at once.");
   m.def("progress_compute", [](uint64_t ns) { Cell()->compute_ns.store(ns, std::memory_order_relaxed); },
         py::arg("ns"),
         "Publishes this rank's compute time per forward pass (ns) in the progress cell (ballast.health): the "

@@ -164,6 +164,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     for (const std::string& m : options_.run.warm_modules) {
       if (m != "torch") wo.modules.push_back(m);
     }
+    wo.hints = DistributedHints();
     warm_ = std::make_unique<WarmPool>(std::move(wo));
     spec.warm = warm_.get();
     spec.script_argv = {options_.run.training_script};
@@ -395,6 +396,23 @@ int Agent::Run() {
     if (absl::IsUnauthenticated(s)) {
       PrintError(absl::StrCat("the ballast master at ", options_.endpoint,
                               " refused this agent's token: pass the token it printed with --token or BALLAST_TOKEN"));
+    } else if (absl::IsUnavailable(s) && MasterClosedConnection(s.message()) &&
+               TlsHint(std::string(s.message())).empty()) {
+      // All a client sees of a TLS mismatch other than a failed handshake of
+      // its own: which side lacks what follows from this agent's settings.
+      TlsFiles tls = options_.run.tls;
+      tls.FillFromEnv();
+      PrintError(absl::StrCat(
+          "the ballast master at ", options_.endpoint, " accepted the connection and closed it without an answer (",
+          join_timeout, " s of attempts): ",
+          !tls.on()
+              ? "a master that serves TLS does that to an agent without TLS; pass --tls-ca, and --tls-cert and "
+                "--tls-key if it wants client certificates (or BALLAST_TLS_CA, BALLAST_TLS_CERT, BALLAST_TLS_KEY)"
+          : tls.cert.empty()
+              ? "a master with mutual TLS does that to an agent without a client certificate (the TLS handshake "
+                "itself went through); pass --tls-cert and --tls-key (or BALLAST_TLS_CERT and BALLAST_TLS_KEY)"
+              : "a master with mutual TLS does that to a client certificate its --tls-ca did not sign; is --tls-cert "
+                "signed by that CA?"));
     } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
       PrintError(absl::StrCat("cannot reach the ballast master at ", options_.endpoint, " after ",
                               join_timeout, " s: is `ballast master` running there and the port open? "
@@ -424,6 +442,7 @@ int Agent::Run() {
         WarmKv{[this](const std::string& k) { return client_->KvGet(k, 0); },
                [this](const std::string& k, const std::string& v) { return client_->KvSet(k, v); }},
         [this] { return Fmt(); });
+    warm_starter_->KeepModulesBetweenRuns(options_.run.python, options_.run.training_script, options_.run.module);
     warm_starter_->PrepareNow();
   }
 
@@ -620,6 +639,9 @@ void Agent::StartRound(const v1::StartRound& start) {
   rs.master_port = endpoint->port;
   rs.env = health_env_;
   if (!start.skip_data().empty()) rs.env[health::kSkipDataEnv] = start.skip_data();
+  // A rollback round's workers must find a step below this one (Checkpointer.load
+  // says so by name when none is left anywhere, instead of starting over).
+  if (rollback) rs.env["BALLAST_ROLLBACK_BELOW"] = absl::StrCat(start.rollback_below());
   // No worker runs now: the cells start clean, and the first-step grace counts from here.
   if (progress_ != nullptr) progress_->Reset();
   fp_sent_.assign(static_cast<size_t>(nproc), 0);
@@ -783,6 +805,12 @@ void Agent::InjectChaos() {
         spdlog::warn("chaos: {}: SIGSTOP to worker rank {} (it hangs) {}", a.what, a.global_rank, Fmt());
         kill(a.pid, SIGSTOP);
         break;
+      case ChaosAction::Kind::kReportStep:
+        // The launcher kills the master when the master's status shows the
+        // step: sent now, not at the next periodic report (up to 2 s later).
+        spdlog::info("chaos: {}: reporting this node's step to the master now {}", a.what, Fmt());
+        MaybeReportProgress(/*now_please=*/true);
+        break;
       case ChaosAction::Kind::kLinkDown:
       case ChaosAction::Kind::kLinkUp: {
         const bool up = a.kind == ChaosAction::Kind::kLinkUp;
@@ -808,7 +836,7 @@ void Agent::TrackTimeline() {
     if (w.state != WorkerState::kRunning) continue;
     const bool stepped = progress_ != nullptr && w.local_rank < progress_->num_cells() &&
                          progress_->Read(w.local_rank).timestamp_ns > timeline_.started_ns();
-    running.push_back({w.pg_up_s, stepped});
+    running.push_back({w.pg_up_s, stepped, w.pg_call_s});
   }
   const uint64_t now = MonotonicNowNs();
   const bool recovery = round_start_.restart_count() > 0 || round_ > 1;
@@ -894,8 +922,10 @@ void Agent::MaybeReportProgress(bool now_please) {
     }
     return false;
   };
-  // A new fingerprint goes out at once: the master compares them as they come.
-  if (now < next_progress_report_ns_ && !now_please && !fingerprint_pending()) return;
+  // A new fingerprint goes out at once: the master compares them as they
+  // come; so does a report while a worker waits to hear a verdict (its pinned
+  // rollback target moves only once the step it holds next is agreed).
+  if (now < next_progress_report_ns_ && !now_please && !fingerprint_pending() && progress_->SdcWaiting() == 0) return;
   next_progress_report_ns_ = now + static_cast<uint64_t>(options_.tunables.progress_report_interval_s * 1e9);
   ProgressSummary sum = progress_->Summarize();
   if (!sum.any_step) return;
@@ -919,9 +949,14 @@ void Agent::MaybeReportProgress(bool now_please) {
   if (ckpt_ != nullptr) {
     for (std::string& e : ckpt_->TakeWriteErrors()) report.add_persist_errors(std::move(e));
   }
+  report.set_sdc_agreed_step(static_cast<int64_t>(progress_->SdcAgreed()));
   // Best effort with a short deadline: the main loop must keep supervising.
-  absl::Status s = client_->ReportProgress(report, 0.5);
-  if (!s.ok()) spdlog::debug("progress report: {} {}", s.ToString(), Fmt());
+  absl::StatusOr<v1::ProgressResponse> r = client_->ReportProgress(report, 0.5);
+  if (!r.ok()) {
+    spdlog::debug("progress report: {} {}", r.status().ToString(), Fmt());
+    return;
+  }
+  progress_->SetSdcAgreed(static_cast<uint64_t>(std::max<int64_t>(0, r->sdc_agreed_step())));
 }
 
 }  // namespace ballast::agent

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/progress_cell.h"
 
@@ -19,12 +20,23 @@ ChaosDriver::ChaosDriver(ChaosSpec spec, int node_rank) {
   }
   for (const ChaosFault* f : spec.All("kill-worker")) faults_.push_back({*f, ChaosAction::Kind::kKillWorker});
   for (const ChaosFault* f : spec.All("hang")) faults_.push_back({*f, ChaosAction::Kind::kStopWorker});
+  // kill-master by step: the launcher decides from the steps the master
+  // knows, so every agent (of any incarnation: the launcher waits for every
+  // training node) reports its step the moment it reaches the fault's.
+  for (const ChaosFault& f : spec.faults) {
+    if (f.kind == "kill-master" && f.params.count("at_step") > 0) {
+      faults_.push_back({f, ChaosAction::Kind::kReportStep});
+    }
+  }
 }
 
 void ChaosDriver::RoundStarted(uint64_t now_ns, int restart_count) {
   if (first_round_ns_ == 0) first_round_ns_ = now_ns;
   round_ns_ = now_ns;
   restart_count_ = restart_count;
+  for (Pending& p : faults_) {
+    if (p.kind == ChaosAction::Kind::kReportStep) p.fired = false;
+  }
 }
 
 std::string ChaosDriver::Describe(const ChaosFault& f) const {
@@ -50,7 +62,8 @@ std::vector<ChaosAction> ChaosDriver::Due(uint64_t now_ns, const std::vector<Wor
     const bool by_step = f.params.count("at_step") > 0;
     const double after_s = f.Number("after", 0);
     const uint64_t at_step = static_cast<uint64_t>(f.Number("at_step", 0));
-    if (p.kind == ChaosAction::Kind::kKillAgent || p.kind == ChaosAction::Kind::kLinkDown) {
+    if (p.kind == ChaosAction::Kind::kKillAgent || p.kind == ChaosAction::Kind::kLinkDown ||
+        p.kind == ChaosAction::Kind::kReportStep) {
       bool due = false;
       std::string why;
       if (by_step) {
@@ -117,6 +130,23 @@ absl::Status DiskChaos::BeforeWrite(uint64_t step, const std::string& dir) {
   const std::string what = absl::StrCat(std::strerror(err), " (chaos ", full_ ? "disk-full" : "disk-error", ", ",
                                         left_, " more failing write(s))");
   return full_ ? absl::ResourceExhaustedError(what) : absl::DataLossError(what);
+}
+
+std::optional<std::string> KillMasterDue(const ChaosFault& fault, const v1::JobStatus& status,
+                                         double since_start_s) {
+  if (fault.params.count("at_step") == 0) {
+    const double after_s = fault.Number("after", 0);
+    if (since_start_s < after_s) return std::nullopt;
+    return absl::StrFormat("%.1f s after it started", since_start_s);
+  }
+  if (status.state() != "running") return std::nullopt;
+  int64_t lowest = -1;
+  for (const v1::NodeStatus& n : status.nodes()) {
+    if (n.state() != "training") continue;
+    lowest = lowest < 0 ? n.last_step() : std::min(lowest, n.last_step());
+  }
+  if (lowest < 0 || lowest < static_cast<int64_t>(fault.Number("at_step", 0))) return std::nullopt;
+  return absl::StrCat("every training node at step ", lowest, " or later");
 }
 
 }  // namespace ballast::agent

@@ -9,6 +9,13 @@
 // kill-agent: the node's lowest). A worker fault hits the attempt whose
 // TORCHELASTIC_RESTART_COUNT is its `restart` (default 0), so the restarted
 // workers train on.
+//   kill-master:at_step=S    the launcher kills the master once the master's
+//                            status shows every training node at step S; the
+//                            agent only reports its node's step at once when
+//                            its lowest reaches S (kReportStep, once a round),
+//                            so the kill does not wait for the periodic
+//                            progress report (every 2 s). KillMasterDue is the
+//                            launcher's side.
 //
 // The driver decides; the agent sends the signals (Due returns them), so the
 // decisions are unit-tested without processes.
@@ -26,15 +33,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "ballast/v1/master.pb.h"
 #include "common/chaos.h"
 
 namespace ballast::agent {
 
 struct ChaosAction {
-  enum class Kind { kKillAgent, kKillWorker, kStopWorker, kLinkDown, kLinkUp };
+  enum class Kind { kKillAgent, kKillWorker, kStopWorker, kLinkDown, kLinkUp, kReportStep };
   Kind kind = Kind::kKillWorker;
   pid_t pid = -1;        // the worker's (kKillAgent: -1, this process)
-  int global_rank = -1;  // the worker's rank (kKillAgent: -1)
+  int global_rank = -1;  // the worker's rank (kKillAgent, kReportStep: -1)
   std::string what;      // for the log: "kill-worker:rank=2,at_step=7 (rank 2 at step 7)"
   double seconds = 0;    // kLinkDown: how long the partition lasts
 };
@@ -47,7 +55,8 @@ class ChaosDriver {
   bool armed() const { return !faults_.empty(); }
 
   // A round's workers started (CLOCK_MONOTONIC ns) in the attempt with
-  // this restart count.
+  // this restart count. Re-arms kReportStep (the new round counts its steps
+  // from the checkpoint it resumed).
   void RoundStarted(uint64_t now_ns, int restart_count);
 
   struct Worker {
@@ -74,6 +83,14 @@ class ChaosDriver {
   uint64_t round_ns_ = 0;
   int restart_count_ = 0;
 };
+
+// The launcher's side of kill-master (cli/master_process.cc): whether the
+// fault is due given the master's status and the seconds since the master
+// first started; the reason for the log ("every training node at step 6"),
+// or nullopt. By step it counts only the nodes in the world ("training"):
+// a hot spare or a waiting node never steps.
+std::optional<std::string> KillMasterDue(const ChaosFault& fault, const v1::JobStatus& status,
+                                         double since_start_s);
 
 // disk-full / disk-error:node=N (common/chaos.h): the checkpoint persister
 // of node N asks before each shard write; `writes` of them fail with ENOSPC

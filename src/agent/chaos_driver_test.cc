@@ -97,6 +97,67 @@ TEST(ChaosDriverTest, APartitionTakesTheLinkDownAndBringsItBackAfterItsDuration)
   EXPECT_TRUE(d.Due(60 * kSec, w).empty());  // once
 }
 
+TEST(ChaosDriverTest, KillMasterAtAStepReportsTheNodesStepTheMomentItGetsThere) {
+  // Every agent, whatever its node rank or incarnation: the launcher waits
+  // for every training node's step.
+  ChaosDriver d(Spec("kill-master:at_step=6", /*incarnation=*/2), /*node_rank=*/3);
+  ASSERT_TRUE(d.armed());
+  d.RoundStarted(1 * kSec, 0);
+  std::vector<ChaosDriver::Worker> w = {{6, 10, true, true, 7}, {7, 11, true, false, 0}};
+  EXPECT_TRUE(d.Due(2 * kSec, w).empty());  // rank 7 has not stepped
+  w[1] = {7, 11, true, true, 5};
+  EXPECT_TRUE(d.Due(3 * kSec, w).empty());  // the node's lowest is 5
+  w[1].step = 6;
+  auto due = d.Due(3 * kSec + kSec / 20, w);  // the next poll, 50 ms later
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].kind, ChaosAction::Kind::kReportStep);
+  EXPECT_NE(due[0].what.find("kill-master:at_step=6 (its workers at step 6)"), std::string::npos) << due[0].what;
+  EXPECT_TRUE(d.Due(4 * kSec, w).empty());  // once a round
+  // A restarted round resumes from a checkpoint: it reports again when it
+  // gets there (the master may not have been killed yet).
+  d.RoundStarted(5 * kSec, 1);
+  w[0].step = w[1].step = 4;
+  EXPECT_TRUE(d.Due(6 * kSec, w).empty());
+  w[0].step = w[1].step = 6;
+  EXPECT_EQ(d.Due(7 * kSec, w).size(), 1u);
+  // By time the launcher alone decides: nothing to report early.
+  EXPECT_FALSE(ChaosDriver(Spec("kill-master:after=3"), 0).armed());
+}
+
+v1::JobStatus Status(const std::string& state, const std::vector<std::pair<std::string, int64_t>>& nodes) {
+  v1::JobStatus st;
+  st.set_state(state);
+  for (const auto& [node_state, step] : nodes) {
+    v1::NodeStatus* n = st.add_nodes();
+    n->set_state(node_state);
+    n->set_last_step(step);
+  }
+  return st;
+}
+
+TEST(KillMasterDueTest, ByStepWhenEveryTrainingNodeGotThere) {
+  const ChaosFault f = Spec("kill-master:at_step=6").faults[0];
+  EXPECT_FALSE(KillMasterDue(f, Status("running", {{"training", 6}, {"training", 5}}), 100).has_value());
+  auto why = KillMasterDue(f, Status("running", {{"training", 6}, {"training", 7}}), 0);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why, "every training node at step 6 or later");
+  // A hot spare, a node waiting for the next round, a lost or excluded node
+  // never steps: they do not hold the kill back.
+  EXPECT_TRUE(KillMasterDue(f,
+                            Status("running", {{"training", 6}, {"spare", 0}, {"waiting", 0}, {"dead", 2},
+                                               {"excluded", 1}, {"training", 8}}),
+                            0)
+                  .has_value());
+  EXPECT_FALSE(KillMasterDue(f, Status("rendezvous", {{"training", 9}}), 0).has_value());
+  EXPECT_FALSE(KillMasterDue(f, Status("running", {{"spare", 0}}), 0).has_value());  // nobody trains
+
+  const ChaosFault timed = Spec("kill-master:after=3").faults[0];
+  EXPECT_FALSE(KillMasterDue(timed, Status("rendezvous", {}), 2.9).has_value());
+  why = KillMasterDue(timed, Status("rendezvous", {}), 3.04);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why, "3.0 s after it started");
+}
+
 TEST(ChaosDriverTest, NothingFiresBeforeARound) {
   ChaosDriver d(Spec("kill-agent:node=0,after=1"), 0);
   EXPECT_TRUE(d.Due(100 * kSec, {}).empty());

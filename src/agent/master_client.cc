@@ -4,6 +4,8 @@
 #include <chrono>
 #include <random>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/tls.h"
@@ -24,9 +26,16 @@ bool Retryable(const absl::Status& s) {
 
 }  // namespace
 
+bool MasterClosedConnection(absl::string_view error) {
+  const std::string e = absl::AsciiStrToLower(error);
+  return absl::StrContains(e, "socket closed") || absl::StrContains(e, "connection reset") ||
+         absl::StrContains(e, "broken pipe");
+}
+
 MasterClient::MasterClient(MasterClientOptions options) : options_(std::move(options)) {
   endpoint_ = options_.endpoint;
-  stub_ = v1::Master::NewStub(MasterChannel(endpoint_, options_.credentials));
+  channel_ = MasterChannel(endpoint_, options_.credentials);
+  stub_ = v1::Master::NewStub(channel_);
 }
 
 MasterClient::~MasterClient() { Shutdown(); }
@@ -39,6 +48,15 @@ std::string MasterClient::endpoint() const {
 std::shared_ptr<v1::Master::Stub> MasterClient::Stub() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stub_;
+}
+
+bool MasterClient::Connected() const {
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel = channel_;
+  }
+  return channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
 }
 
 bool MasterClient::Relocate() {
@@ -63,7 +81,8 @@ bool MasterClient::Relocate() {
   spdlog::warn("the job's master moved: {} -> {} (the job's master Lease says so); reconnecting there", endpoint_,
                found);
   endpoint_ = found;
-  stub_ = v1::Master::NewStub(MasterChannel(endpoint_, options_.credentials));
+  channel_ = MasterChannel(endpoint_, options_.credentials);
+  stub_ = v1::Master::NewStub(channel_);
   return true;
 }
 
@@ -108,29 +127,45 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
   auto start = Clock::now();
   double backoff = options_.backoff_initial_s;
   absl::Status last;
-  std::string tls_error;  // a TLS handshake failure seen on the way (the last error may be a plain timeout)
+  // What an attempt saw that says why the master did not answer (a TLS
+  // handshake failure, a master that closed the connection): the last
+  // error may be a plain timeout.
+  std::string telling;
   int attempts = 0;
+  bool answer_wait = false;  // the one attempt past timeout_s on a connected channel was made
   while (true) {
     double remaining = timeout_s - SecondsSince(start);
-    auto r = JoinOnce(request, std::max(0.05, std::min(remaining, options_.rpc_timeout_s)));
+    // Connected: the master is there, and its answer gets an ordinary call's
+    // deadline (the handshake may have used up most of timeout_s).
+    const bool connected = Connected();
+    auto r = JoinOnce(request, connected ? options_.rpc_timeout_s
+                                         : std::max(0.05, std::min(remaining, options_.rpc_timeout_s)));
     ++attempts;
     if (r.ok() || !Retryable(r.status())) return r;
     last = r.status();
-    if (tls_error.empty() && !TlsHint(std::string(last.message())).empty()) tls_error = std::string(last.message());
+    if (telling.empty() && (!TlsHint(std::string(last.message())).empty() || MasterClosedConnection(last.message()))) {
+      telling = std::string(last.message());
+    }
     if (attempts == 1 || attempts % 10 == 0)
       spdlog::info("master {} not reachable yet ({}); retrying", endpoint(), std::string(last.message()));
     remaining = timeout_s - SecondsSince(start);
-    if (remaining <= 0) break;
-    if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");
+    if (remaining <= 0) {
+      // The connection came up as the budget ran out (a TLS handshake on a
+      // loaded machine): one more attempt hears what the master says.
+      if (answer_wait || connected || !Connected()) break;
+      answer_wait = true;
+      continue;
+    }
+    if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");  // H2-TEMP
     backoff = std::min(backoff * 2, options_.backoff_max_s);
     // A pod created by a master that is gone since: its successor is elsewhere.
     if (attempts >= 3 && Relocate()) backoff = options_.backoff_initial_s;
   }
   return absl::UnavailableError(absl::StrCat("no answer from ", endpoint(), " after ", attempts,
                                              " attempts: ", last.message(),
-                                             tls_error.empty() || tls_error == last.message()
+                                             telling.empty() || telling == last.message()
                                                  ? ""
-                                                 : absl::StrCat("; earlier: ", tls_error)));
+                                                 : absl::StrCat("; earlier: ", telling)));
 }
 
 absl::Status MasterClient::Leave(const std::string& node_id, const std::string& reason, double timeout_s) {
@@ -174,11 +209,14 @@ absl::Status MasterClient::ReportWorkersDone(const std::string& node_id, int64_t
   return FromGrpcStatus(Stub()->ReportWorkersDone(&ctx, req, &ack));
 }
 
-absl::Status MasterClient::ReportProgress(const v1::ProgressReport& report, double timeout_s) {
+absl::StatusOr<v1::ProgressResponse> MasterClient::ReportProgress(const v1::ProgressReport& report,
+                                                                  double timeout_s) {
   grpc::ClientContext ctx;
   CallScope scope(this, &ctx, timeout_s > 0 ? timeout_s : options_.rpc_timeout_s);
-  v1::Ack ack;
-  return FromGrpcStatus(Stub()->ReportProgress(&ctx, report, &ack));
+  v1::ProgressResponse response;
+  absl::Status s = FromGrpcStatus(Stub()->ReportProgress(&ctx, report, &response));
+  if (!s.ok()) return s;
+  return response;
 }
 
 absl::Status MasterClient::KvSet(const std::string& key, const std::string& value) {
@@ -217,6 +255,31 @@ absl::StatusOr<std::string> MasterClient::KvGet(const std::string& key, double w
 bool MasterClient::SleepUnlessShutdown(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return shutdown_; });
+  return !shutdown_;
+}
+
+bool MasterClient::WatchChannelUnlessShutdown(double seconds) {
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel = channel_;
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutdown_) return false;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    // Short slices: Cancel() cannot wake a watch, so it is heard within 50 ms.
+    const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50));
+    if (channel->WaitForStateChange(state, std::chrono::system_clock::now() + slice)) {
+      state = channel->GetState(/*try_to_connect=*/true);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   return !shutdown_;
 }
 

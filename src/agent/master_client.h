@@ -31,10 +31,17 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ballast/v1/master.grpc.pb.h"
 #include "common/clock.h"
 
 namespace ballast::agent {
+
+// Whether a call's error says the master accepted the connection and closed
+// it before answering ("Socket closed", "Connection reset"): what a client
+// sees of a master that serves TLS when it has none, or of a mutual-TLS
+// master that refused its client certificate (or its lack of one).
+bool MasterClosedConnection(absl::string_view error);
 
 struct MasterClientOptions {
   std::string endpoint;               // host:port
@@ -69,9 +76,14 @@ class MasterClient {
 
   // Join, retried with backoff while the master is UNAVAILABLE or the call hits
   // its deadline, for up to timeout_s in total. Other errors (UNAUTHENTICATED,
-  // FAILED_PRECONDITION, INVALID_ARGUMENT) return at once. After timeout_s the
-  // last error is returned with code kUnavailable. The request is remembered for
-  // re-joins by the background threads.
+  // FAILED_PRECONDITION, INVALID_ARGUMENT) return at once. timeout_s bounds
+  // reaching the master: once the channel is connected (TCP and TLS done, the
+  // master is there), its answer gets an ordinary call's deadline
+  // (rpc_timeout_s) even where that runs past timeout_s, so a slow handshake
+  // on a loaded machine does not turn the master's answer (a refused token)
+  // into "cannot reach". After that the last error is returned with code
+  // kUnavailable. The request is remembered for re-joins by the background
+  // threads.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request, double timeout_s);
 
   // One call each, with the default deadline (Leave: timeout_s).
@@ -79,7 +91,7 @@ class MasterClient {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status ReportFailure(const v1::FailureReport& report);
   absl::Status ReportWorkersDone(const std::string& node_id, int64_t round);
-  absl::Status ReportProgress(const v1::ProgressReport& report, double timeout_s);
+  absl::StatusOr<v1::ProgressResponse> ReportProgress(const v1::ProgressReport& report, double timeout_s);
   absl::Status ReportCheckResult(const v1::CheckResult& result);
   absl::Status KvSet(const std::string& key, const std::string& value);
   // Flash checkpoint: a shard is durable; the answer says whether to commit.
@@ -124,13 +136,23 @@ class MasterClient {
   // true when it switched.
   bool Relocate();
   std::shared_ptr<v1::Master::Stub> Stub() const;
+  // The channel is connected (READY): the master is reachable.
+  bool Connected() const;
   // Sleeps up to seconds; returns false when Shutdown was called.
   bool SleepUnlessShutdown(double seconds);
+  // As SleepUnlessShutdown, watching the channel meanwhile, and returns
+  // early once it is connected. A synchronous client's connections make
+  // progress only while a call or a watch polls them, and a fail-fast call
+  // on a channel in TRANSIENT_FAILURE returns at once: without the watch
+  // the reconnect attempt gRPC starts between our attempts (its TCP connect,
+  // its TLS handshake) waited unserved.
+  bool WatchChannelUnlessShutdown(double seconds);
 
   const MasterClientOptions options_;
 
   mutable std::mutex mu_;
   std::string endpoint_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);  // stub_'s
   std::shared_ptr<v1::Master::Stub> stub_ ABSL_GUARDED_BY(mu_);
   bool located_once_ ABSL_GUARDED_BY(mu_) = false;
   double locate_wait_s_ ABSL_GUARDED_BY(mu_) = options_.locate_interval_s;

@@ -98,10 +98,32 @@ void ProgressMonitor::Reset() {
     c->health_kind.store(0, std::memory_order_relaxed);
     c->fp_step.store(0, std::memory_order_relaxed);
     c->compute_ns.store(0, std::memory_order_relaxed);
+    c->sdc_wait.store(0, std::memory_order_relaxed);
     c->timestamp_ns.store(0, std::memory_order_release);
   }
   baseline_.assign(num_cells_, CellSnapshot());
   last_step_time_s_ = 0;
+}
+
+void ProgressMonitor::SetSdcAgreed(uint64_t step) {
+  for (int i = 0; i < num_cells_; ++i) {
+    std::atomic<uint64_t>& a = ProgressCellAt(base_, i)->sdc_agreed;
+    if (a.load(std::memory_order_relaxed) < step) a.store(step, std::memory_order_release);
+  }
+}
+
+uint64_t ProgressMonitor::SdcAgreed() const {
+  return num_cells_ > 0 ? ProgressCellAt(base_, 0)->sdc_agreed.load(std::memory_order_relaxed) : 0;
+}
+
+uint64_t ProgressMonitor::SdcWaiting() const {
+  const uint64_t agreed = SdcAgreed();
+  uint64_t waiting = 0;
+  for (int i = 0; i < num_cells_; ++i) {
+    const uint64_t w = ProgressCellAt(base_, i)->sdc_wait.load(std::memory_order_acquire);
+    if (w > agreed) waiting = std::max(waiting, w);
+  }
+  return waiting;
 }
 
 CellSnapshot ProgressMonitor::Read(int i) const {

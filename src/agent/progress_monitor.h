@@ -113,6 +113,13 @@ class ProgressMonitor {
   // Min step and step time since the previous call (or the Reset).
   ProgressSummary Summarize();
 
+  // The master's newest agreed fingerprint step, for every worker (kept
+  // across Reset); the newest check step some worker waits to see agreed (0:
+  // none waits for a step newer than the agreed one).
+  void SetSdcAgreed(uint64_t step);
+  uint64_t SdcAgreed() const;
+  uint64_t SdcWaiting() const;
+
  private:
   ProgressMonitor(std::string name, void* base, int num_cells);
 

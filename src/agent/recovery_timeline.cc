@@ -20,10 +20,12 @@ RecoveryTimeline::Progress RecoveryTimeline::Track(const std::vector<Worker>& wo
   Progress out;
   if (!pending_ || workers.empty()) return out;  // exited before a step: no timeline
   double pg_up_s = -1;
+  double pg_call_s = -1;
   bool all_stepped = true;
   out.all_pg_up = true;
   for (const Worker& w : workers) {
     pg_up_s = std::max(pg_up_s, w.pg_up_s);
+    pg_call_s = std::max(pg_call_s, w.pg_call_s);
     out.all_pg_up = out.all_pg_up && w.pg_up_s > 0;
     all_stepped = all_stepped && w.stepped;
   }
@@ -34,10 +36,12 @@ RecoveryTimeline::Progress RecoveryTimeline::Track(const std::vector<Worker>& wo
   auto rel_ms = [&](uint64_t t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1e6; };
   auto ms = [&](uint64_t t) { return absl::StrCat("+", static_cast<int64_t>(rel_ms(t)), " ms"); };
   const uint64_t pg_up_ns = pg_up_s > 0 ? static_cast<uint64_t>(pg_up_s * 1e9) : 0;
+  const uint64_t pg_call_ns = pg_call_s > 0 ? static_cast<uint64_t>(pg_call_s * 1e9) : 0;
   std::string line;
   if (failed) absl::StrAppend(&line, "worker failure seen 0 ms, ");
   absl::StrAppend(&line, "round decision ", failed ? ms(decision_ns_) : "0 ms", ", old workers stopped ",
                   ms(stopped_ns_), ", new workers started ", ms(started_ns_));
+  if (pg_call_ns > 0) absl::StrAppend(&line, ", init_process_group called ", ms(pg_call_ns));
   if (pg_up_ns > 0) absl::StrAppend(&line, ", process group up ", ms(pg_up_ns));
   absl::StrAppend(&line, ", first step ", ms(now_ns));
   v1::StartTimeline tl;

@@ -1,6 +1,7 @@
 // The recovery timeline of one (re)start: when this node saw a worker fail,
 // when the round's decision came, when the old workers were stopped and the
-// new ones started, when their process groups were up and when every worker
+// new ones started, when the last of them called init_process_group (its
+// imports done), when their process groups were up and when every worker
 // made its first step. The agent logs it once the first step is seen and
 // sends the last one with its progress reports (`ballast status`).
 //
@@ -37,6 +38,10 @@ class RecoveryTimeline {
   struct Worker {
     double pg_up_s = -1;  // CLOCK_MONOTONIC seconds its process group was up (-1: not known)
     bool stepped = false;  // made a step since the workers started
+    // When it called init_process_group (-1: not known): from the start to
+    // here the interpreter finished its imports (a warm one those it had not
+    // preloaded when it was taken) and the script ran up to its process group.
+    double pg_call_s = -1;
   };
   struct Progress {
     bool all_pg_up = false;  // every running worker's process group is up

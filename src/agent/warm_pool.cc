@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
@@ -34,14 +36,15 @@ double MonotonicSeconds() {
 // (runpy gives the script a fresh __main__).
 //
 // The control socket carries one JSON object a line from the agent:
-// {"preload": [modules]} (import them now, each a hint: one that fails is
-// skipped), then the job {"env", "cwd", "argv", "module"}; once the script
+// {"preload": [modules]} (import them, each a hint: one that fails is
+// skipped; a job that comes first cuts the rest short), then the job {"env",
+// "cwd", "argv", "module"}; once the script
 // runs, {"modules": true} asks which library modules it has imported, and the
 // answer is "modules <JSON list>". A module of WarmOptions::modules that
 // fails to import is reported ("failed ...": the pool turns itself off) and
 // the interpreter goes on: it may have been taken for a worker while still
 // importing. Lines to the agent: "ready <t>",
-// "preloaded <n> <t>", "failed <module>: <error>", "started <t>",
+// "preloaded <imported> <t> <failed>", "failed <module>: <error>", "started <t>",
 // "pg <t_call> <t_return>", "modules [...]" (t: time.monotonic()).
 constexpr char kBootstrap[] = R"PY(import os, sys
 def _ballast_warm():
@@ -67,10 +70,14 @@ def _ballast_warm():
             say(("failed %s: %s: %s" % (name, type(e).__name__, e)).replace("\n", " "))
     say("ready %.6f" % time.monotonic())
     buf = [b""]
-    def read_message():
+    def read_message(block=True):
+        # The next JSON line; None at EOF; False (block=False) while no
+        # whole line has come.
         while b"\n" not in buf[0]:
             try:
-                chunk = sock.recv(1 << 20)
+                chunk = sock.recv(1 << 20, 0 if block else socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
             except OSError:
                 chunk = b""
             if not chunk:
@@ -78,34 +85,51 @@ def _ballast_warm():
             buf[0] += chunk
         line, buf[0] = buf[0].split(b"\n", 1)
         return json.loads(line)
-    while True:
-        job = read_message()
-        if job is None:
+    # Preload lists (what DDP/FSDP import, what the last workers imported:
+    # DDP's first construction imports torch._dynamo on torch 2.x, ~900
+    # modules), each answered "preloaded <imported> <t> <failed>" once its
+    # names were tried. One name at a time, looking for the job in between:
+    # a job that comes while they are half done runs at once with what is
+    # loaded (an import under way finishes first), and the script imports
+    # the rest as it needs it.
+    queue = []  # [names, next index, imported, failed]
+    job = None
+    while job is None:
+        msg = read_message(block=not queue)
+        if msg is None:
             sys.exit(0)
-        if "preload" not in job:
-            break
-        # What the last workers imported after their start (DDP's first
-        # construction imports torch._dynamo on torch 2.x: ~900 modules).
-        n = 0
-        for name in job["preload"]:
-            if name in sys.modules:
-                continue
-            try:
-                __import__(name)
-                n += 1
-            except BaseException:
-                pass
-        say("preloaded %d %.6f" % (n, time.monotonic()))
+        if msg is not False:
+            if "preload" in msg:
+                queue.append([msg["preload"], 0, 0, 0])
+            else:
+                job = msg
+            continue
+        entry = queue[0]
+        if entry[1] < len(entry[0]):
+            name = entry[0][entry[1]]
+            entry[1] += 1
+            if name not in sys.modules:
+                try:
+                    __import__(name)
+                    entry[2] += 1
+                except BaseException:
+                    entry[3] += 1
+        if entry[1] >= len(entry[0]):
+            queue.pop(0)
+            say("preloaded %d %.6f %d" % (entry[2], time.monotonic(), entry[3]))
     def library_modules():
         # Modules of installed packages and the standard library only: the
-        # user's own code may do anything at import.
+        # user's own code may do anything at import. And Ballast's own
+        # package wherever it lives (a build's python/ on PYTHONPATH): its
+        # import reads nothing of the job (its C++ extension: 0.1-0.2 s).
         std = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
         out = []
         for name, mod in list(sys.modules.items()):
             f = getattr(mod, "__file__", None)
             if not f or name.startswith("_ballast") or name in ("__main__", "__mp_main__"):
                 continue
-            if "/site-packages/" in f or "/dist-packages/" in f or f.startswith(std):
+            if ("/site-packages/" in f or "/dist-packages/" in f or f.startswith(std) or
+                    name == "ballast" or name.startswith("ballast.")):
                 out.append(name)
         return out
     # The script may fork (a DataLoader's workers): never while the thread
@@ -228,6 +252,34 @@ std::string FirstDifference(const std::map<std::string, std::string>& a, const s
 
 const char* WarmBootstrap() { return kBootstrap; }
 
+const std::vector<std::string>& DistributedHints() {
+  static const std::vector<std::string> kHints = {
+      // DDP: part of `import torch` on 1.13, not on every 2.x.
+      "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn.parallel",
+      "torch.nn.parallel.distributed",
+      // What DDP's first construction (and torch.compile) imports on 2.x.
+      "torch._dynamo",
+      // FSDP (1 and 2) and DTensor.
+      "torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
+      "torch.distributed._composable.fsdp", "torch.distributed.tensor",
+  };
+  return kHints;
+}
+
+std::string WarmPool::TakenState::Describe() const {
+  std::string out = imported ? absl::StrCat(modules, " imported") : absl::StrCat("still importing ", modules);
+  if (hints > 0) absl::StrAppend(&out, hints_done ? ", DDP/FSDP modules preloaded" : ", DDP/FSDP modules not yet");
+  absl::StrAppend(&out, ", ", learned_done, " of ", learned_sent, " learned modules preloaded, spawned ",
+                  absl::StrFormat("%.1f", age_s), " s before");
+  return out;
+}
+
+std::vector<WarmPool::TakenState> WarmPool::TakeTakenStates() {
+  std::vector<TakenState> out;
+  out.swap(taken_);
+  return out;
+}
+
 WarmPool::WarmPool(WarmOptions options) : options_(std::move(options)) {}
 
 WarmPool::~WarmPool() {
@@ -267,16 +319,40 @@ absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>&
   slot.env = env;
   slot.buffer.clear();
   slot.preload_sent = 0;
-  slot.preloads_pending = 0;
+  slot.unanswered.clear();
+  slot.hints_sent = false;
+  slot.hints_done = false;
+  slot.learned_done = 0;
   slot.warm = WarmProcess{*std::move(proc), -1, MonotonicSeconds()};
+  // What the workers imported is exact and in the order they needed it:
+  // when it is known (from these workers, an earlier run, another node) it
+  // is all this interpreter gets; the hints (what DDP/FSDP import) stand in
+  // until it is, so a job that never imports them (torch._dynamo: ~85 MB
+  // on torch 2.15) does not keep them in every interpreter.
+  if (learned_.empty() && !options_.hints.empty()) {
+    Send(&slot, options_.hints, /*hints=*/true);
+    slot.hints_sent = true;
+  }
   SendPreload(&slot);
   return absl::OkStatus();
 }
 
 void WarmPool::SendPreload(Slot* slot) {
-  if (!slot->warm.has_value() || slot->preload_sent >= learned_.size()) return;
-  nlohmann::json msg = {{"preload", std::vector<std::string>(learned_.begin() + static_cast<long>(slot->preload_sent),
-                                                             learned_.end())}};
+  if (!slot->warm.has_value()) return;
+  // In chunks: each is answered when done, so what a taken interpreter had
+  // is known within a chunk (one list of ~2000 names would say 0 until its end).
+  while (slot->preload_sent < learned_.size()) {
+    const size_t end = std::min(learned_.size(), slot->preload_sent + kPreloadChunk);
+    Send(slot,
+         std::vector<std::string>(learned_.begin() + static_cast<long>(slot->preload_sent),
+                                  learned_.begin() + static_cast<long>(end)),
+         /*hints=*/false);
+    slot->preload_sent = end;
+  }
+}
+
+void WarmPool::Send(Slot* slot, const std::vector<std::string>& names, bool hints) {
+  nlohmann::json msg = {{"preload", names}};
   const std::string line = msg.dump() + "\n";
   // The interpreter reads its socket only between imports: a list longer
   // than the socket buffer must not block the agent, so this is one
@@ -291,8 +367,7 @@ void WarmPool::SendPreload(Slot* slot) {
     off += static_cast<size_t>(n);
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  slot->preload_sent = learned_.size();
-  ++slot->preloads_pending;
+  slot->unanswered.push_back({names.size(), hints});
 }
 
 void WarmPool::Preload(const std::vector<std::string>& modules) {
@@ -336,8 +411,15 @@ void WarmPool::Poll() {
     for (const std::string& line : ReadControlLines(w.process.control_fd(), &slot.buffer, &closed)) {
       if (absl::StartsWith(line, "ready ")) {
         (void)absl::SimpleAtod(line.substr(6), &w.ready_at_s);
-      } else if (absl::StartsWith(line, "preloaded ")) {
-        slot.preloads_pending = std::max(0, slot.preloads_pending - 1);
+      } else if (absl::StartsWith(line, "preloaded ") && !slot.unanswered.empty()) {
+        // Answers come in the order of the messages.
+        const Slot::Sent sent = slot.unanswered.front();
+        slot.unanswered.pop_front();
+        if (sent.hints) {
+          slot.hints_done = true;
+        } else {
+          slot.learned_done += sent.names;
+        }
       } else if (absl::StartsWith(line, "failed ")) {
         disabled_reason_ = absl::StrCat("the warm interpreter of local rank ", lr, " could not import ",
                                         line.substr(7));
@@ -363,7 +445,19 @@ void WarmPool::Poll() {
 bool WarmPool::ready(int lr) const {
   auto it = slots_.find(lr);
   return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0 &&
-         it->second.preloads_pending == 0;
+         it->second.unanswered.empty();
+}
+
+bool WarmPool::Slot::DistributedDone() const {
+  // The hints, or in their place the whole learned list (which holds what
+  // the workers' DDP/FSDP imported).
+  return hints_sent ? hints_done : unanswered.empty();
+}
+
+bool WarmPool::hints_ready(int lr) const {
+  auto it = slots_.find(lr);
+  return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0 &&
+         it->second.DistributedDone();
 }
 
 std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, std::string>& env,
@@ -386,6 +480,16 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
     slot.warm.reset();
     return std::nullopt;
   }
+  TakenState state;
+  state.local_rank = lr;
+  state.pid = slot.warm->process.pid();
+  state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
+  state.modules = absl::StrJoin(options_.modules, ", ");
+  state.imported = slot.warm->ready_at_s > 0;
+  state.hints_done = slot.DistributedDone();
+  state.hints = options_.hints.size();
+  state.learned_done = slot.learned_done;
+  state.learned_sent = slot.preload_sent;
   std::optional<WarmProcess> out = std::move(slot.warm);
   slot.warm.reset();
   // It trains now (or finishes its imports for that first): the normal policy.
@@ -396,6 +500,7 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
     *why_not = "its scheduling policy could not be restored";
     return std::nullopt;
   }
+  taken_.push_back(state);
   return out;
 }
 

@@ -28,10 +28,20 @@
 // dials before the store listens retries only after a second or more, and a
 // warm start usually gets there first.
 //
+// Preloads: after torch the interpreter imports, one module at a time, what
+// the agent sends: what the workers imported (this node's, other nodes', an
+// earlier run's), or, while nothing is known, WarmOptions::hints (what
+// DDP/FSDP import) and then what this node's workers import as it learns it. A job that comes before they are done runs as
+// soon as the import under way finishes, with what is loaded: a restart
+// soon after a start or after another restart is warm as far as its
+// interpreter got, never waiting for a whole list. Take records what the
+// interpreter it hands out had (TakenState; the agent logs it).
+//
 // Threading: one thread (the agent's main loop), the same that forks the
 // workers (PR_SET_PDEATHSIG).
 #pragma once
 
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -57,7 +67,19 @@ struct WarmOptions {
   // Take gives a taken one back the normal policy. Only where that is
   // allowed (CanRestoreNormalPriority()).
   bool low_priority = false;
+  // Imported after `modules`, each a hint (one that fails is skipped), by
+  // the interpreters started before anything was handed to Preload: what a
+  // job needs before anything was learned from its workers
+  // (DistributedHints()).
+  std::vector<std::string> hints = {};
 };
+
+// What DDP and FSDP import, beyond `import torch`, before or in their first
+// construction (torch 2.x: torch._dynamo, ~900 modules with sympy); names a
+// torch lacks are skipped. The hints the agent gives its pool: a job's first
+// restart, whose interpreters start before the workers could say what they
+// import, gets what every DDP/FSDP job needs.
+const std::vector<std::string>& DistributedHints();
 
 // Whether this process may move a SCHED_IDLE child back to SCHED_OTHER
 // (CAP_SYS_NICE, or an RLIMIT_NICE of 20 or more).
@@ -88,6 +110,32 @@ class WarmPool {
   void Preload(const std::vector<std::string>& modules);
   // Every module handed to Preload so far, in order.
   const std::vector<std::string>& preloaded() const { return learned_; }
+  bool low_priority() const { return options_.low_priority; }
+
+  // What a taken interpreter had imported when Take handed it out (its
+  // imports under way finish before the script runs, the rest of its
+  // preload is left to the script): for the log, and for tests.
+  struct TakenState {
+    int local_rank = 0;
+    int pid = -1;
+    double age_s = 0;          // since it was spawned
+    std::string modules;       // WarmOptions::modules, ", "-joined ("torch")
+    bool imported = false;     // ... imported
+    // WarmOptions::hints tried, or, where the learned list was sent in their
+    // place (it holds what the workers' DDP/FSDP imported), all of it.
+    bool hints_done = false;
+    size_t hints = 0;
+    size_t learned_done = 0;   // preloaded modules it tried (counted in messages of kPreloadChunk) ...
+    size_t learned_sent = 0;   // ... of those sent to it
+    // "torch imported, DDP/FSDP modules preloaded, 809 of 809 learned
+    // modules preloaded, spawned 4.2 s before"
+    std::string Describe() const;
+  };
+  // The states recorded by Take since the last call.
+  std::vector<TakenState> TakeTakenStates();
+  // Learned modules go out in messages of at most this many names, each
+  // answered when its names were tried: what TakenState counts.
+  static constexpr size_t kPreloadChunk = 100;
   // The waiting interpreter of `lr` when it started with `env` (the new
   // worker's interpreter environment), else nullopt with *why_not set.
   std::optional<WarmProcess> Take(int lr, const std::map<std::string, std::string>& env, std::string* why_not);
@@ -99,6 +147,10 @@ class WarmPool {
   // Whether local rank lr's interpreter waits, its imports (the preloaded
   // modules too) done (after Poll).
   bool ready(int lr) const;
+  // Whether it waits with WarmOptions::modules and what DDP/FSDP import
+  // loaded: the hints (the learned modules perhaps not yet), or where the
+  // learned list stood in for them, all of it.
+  bool hints_ready(int lr) const;
   bool disabled() const { return !disabled_reason_.empty(); }
   const std::string& disabled_reason() const { return disabled_reason_; }
 
@@ -108,16 +160,29 @@ class WarmPool {
     std::map<std::string, std::string> env;  // the interpreter environment it started with
     std::string buffer;                      // partial control-socket line
     size_t preload_sent = 0;                 // learned_[0, preload_sent) were sent to it
-    int preloads_pending = 0;                // preload messages not yet answered
+    struct Sent {
+      size_t names = 0;
+      bool hints = false;
+    };
+    std::deque<Sent> unanswered;  // preload messages not yet answered, in order
+    bool hints_sent = false;      // only while nothing was learned (Prepare)
+    bool hints_done = false;
+    size_t learned_done = 0;
+    // What DDP/FSDP import is loaded: the hints, or the learned list sent
+    // in their place.
+    bool DistributedDone() const;
   };
   // Sends the learned modules the slot's interpreter has not been sent.
   void SendPreload(Slot* slot);
+  // Sends one preload message.
+  void Send(Slot* slot, const std::vector<std::string>& names, bool hints);
 
   const WarmOptions options_;
   std::map<int, Slot> slots_;
   std::vector<std::string> learned_;
   std::set<std::string> learned_set_;
   std::string disabled_reason_;
+  std::vector<TakenState> taken_;
 };
 
 // Reads whole lines the bootstrap wrote on a control socket (non-blocking):

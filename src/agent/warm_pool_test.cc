@@ -269,6 +269,101 @@ TEST_F(WarmPoolTest, VariablesTheAgentSetsPerRoundKeepTheStartWarm) {
   group.Stop(0);
 }
 
+// The hints (what DDP/FSDP import) are imported after the modules, each
+// skipped when it fails, before the interpreter counts as ready; Take says
+// what the interpreter it hands out had.
+TEST_F(WarmPoolTest, HintsArePreloadedAndTheTakenStateSaysSo) {
+  WarmPool pool(WarmOptions{kPython, {"json"}, false, {"fractions", "no_such_module_for_ballast"}});
+  ASSERT_TRUE(pool.Prepare(0, Env("h")).ok());
+  std::string why;
+  std::optional<WarmProcess> w = TakeWhenReady(pool, 0, Env("h"), &why);
+  ASSERT_TRUE(w.has_value()) << why;
+  EXPECT_FALSE(pool.disabled());  // a hint that fails is skipped
+  std::vector<WarmPool::TakenState> taken = pool.TakeTakenStates();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].local_rank, 0);
+  EXPECT_EQ(taken[0].pid, w->process.pid());
+  EXPECT_TRUE(taken[0].imported);
+  EXPECT_TRUE(taken[0].hints_done);
+  EXPECT_THAT(taken[0].Describe(), HasSubstr("json imported, DDP/FSDP modules preloaded, 0 of 0 learned modules"));
+  EXPECT_TRUE(pool.TakeTakenStates().empty());  // handed out once
+  const std::string out = (dir_ / "hints.json").string();
+  std::ofstream(dir_ / "mods.py") << "import json, sys\njson.dump({'fractions': 'fractions' in sys.modules}, "
+                                     "open(sys.argv[1], 'w'))\n";
+  ASSERT_TRUE(WarmPool::Hand(&*w, Env("h"), dir_.string(), {(dir_ / "mods.py").string(), out}, false).ok());
+  nlohmann::json j = ReadJson(out);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_TRUE(j["fractions"].get<bool>());
+  w->process.Wait();
+
+  // Once the workers said what they import, that list stands in for the
+  // hints: a job that never imports them does not keep them loaded.
+  pool.Preload({"decimal"});
+  ASSERT_TRUE(pool.Prepare(1, Env("h")).ok());
+  w = TakeWhenReady(pool, 1, Env("h"), &why);
+  ASSERT_TRUE(w.has_value()) << why;
+  taken = pool.TakeTakenStates();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_TRUE(taken[0].hints_done);  // the learned list, all of it
+  EXPECT_THAT(taken[0].Describe(), HasSubstr("DDP/FSDP modules preloaded, 1 of 1 learned modules preloaded"));
+  const std::string out2 = (dir_ / "hints2.json").string();
+  std::ofstream(dir_ / "mods2.py") << "import json, sys\njson.dump({m: m in sys.modules for m in "
+                                      "('fractions', 'decimal')}, open(sys.argv[1], 'w'))\n";
+  ASSERT_TRUE(WarmPool::Hand(&*w, Env("h"), dir_.string(), {(dir_ / "mods2.py").string(), out2}, false).ok());
+  j = ReadJson(out2);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_TRUE(j["decimal"].get<bool>());
+  EXPECT_FALSE(j["fractions"].get<bool>());
+  w->process.Wait();
+}
+
+// A job that comes while the preload is under way runs as soon as the
+// import in progress is done, with what is loaded; the script imports the
+// rest itself (a restart right after another one, or early in a job, does
+// not wait for a whole list).
+TEST_F(WarmPoolTest, AJobThatComesWhileThePreloadIsUnderWayRunsWithWhatIsLoaded) {
+  fs::create_directories(dir_ / "slow");
+  std::vector<std::string> slow;
+  for (int i = 0; i < 40; ++i) {
+    slow.push_back("ballast_slow" + std::to_string(i));
+    // Each import says it began, then takes 0.25 s: 10 s for the list.
+    std::ofstream(dir_ / "slow" / (slow.back() + ".py"))
+        << "import os, time\nopen(os.path.join(os.path.dirname(__file__), __name__ + '.began'), 'w').close()\n"
+           "time.sleep(0.25)\n";
+  }
+  WarmPool pool = Pool();
+  pool.Preload(slow);
+  std::map<std::string, std::string> env = Env("s");
+  env["PYTHONPATH"] = (dir_ / "slow").string();
+  ASSERT_TRUE(pool.Prepare(0, env).ok());
+  for (int i = 0; i < 2000 && !fs::exists(dir_ / "slow" / "ballast_slow0.began"); ++i) {
+    pool.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(fs::exists(dir_ / "slow" / "ballast_slow0.began"));
+  EXPECT_FALSE(pool.ready(0));  // its preload is not done
+  std::string why;
+  std::optional<WarmProcess> w = pool.Take(0, env, &why);
+  ASSERT_TRUE(w.has_value()) << why;  // taken all the same
+  std::vector<WarmPool::TakenState> taken = pool.TakeTakenStates();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_TRUE(taken[0].imported);
+  EXPECT_EQ(taken[0].learned_sent, 40u);
+  EXPECT_EQ(taken[0].learned_done, 0u);
+  EXPECT_THAT(taken[0].Describe(), HasSubstr("0 of 40 learned modules preloaded"));
+  const std::string out = (dir_ / "loaded.json").string();
+  std::ofstream(dir_ / "loaded.py") << "import json, sys\n"
+                                       "json.dump(sorted(m for m in sys.modules if m.startswith('ballast_slow')), "
+                                       "open(sys.argv[1], 'w'))\n";
+  ASSERT_TRUE(WarmPool::Hand(&*w, env, dir_.string(), {(dir_ / "loaded.py").string(), out}, false).ok());
+  nlohmann::json loaded = ReadJson(out);
+  ASSERT_TRUE(loaded.is_array());
+  EXPECT_THAT(loaded.get<std::vector<std::string>>(), ::testing::Contains("ballast_slow0"));
+  // Cut short: not the 40 (the script ran before the list was done).
+  EXPECT_LT(loaded.size(), 40u) << loaded.dump();
+  w->process.Wait();
+}
+
 TEST(ReadControlLines, WholeLinesOnlyAndEof) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/fake_kv.h"
+#include "common/module_list.h"
 #include "common/net.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -144,6 +145,133 @@ TEST_F(WarmStarterTest, ANodeWithoutWorkersTakesInTheModulesPublishedAfterItsJoi
   starter.Poll(t0 + 3 * WarmStarter::kKvAgainNs, false);
   EXPECT_EQ(pool.preloaded(), (std::vector<std::string>{"fractions", "decimal"}));
   group.Stop(0);
+}
+
+// What the workers imported outlives the run: written once they stepped
+// (not before: a run that fails earlier would leave a list without what the
+// first steps import), read by the next run's first interpreters, which
+// preload it before anything was learned or published.
+TEST_F(WarmStarterTest, KeepsWhatTheWorkersImportedForTheNextRun) {
+  const std::string file = (dir_ / "cache" / "modules.txt").string();
+  FakeKv kv;
+  WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}});
+  std::ofstream(dir_ / "train.py") << "import decimal, time\ntime.sleep(60)\n";
+  WorkerGroup group(Spec(&pool, (dir_ / "train.py").string()));
+  WarmStarter starter(&pool, &group, 1, Kv(&kv), [] { return std::string("node=test"); });
+  starter.set_module_file(file, "/venv/bin/python", "/job/train.py");
+  starter.PrepareNow();
+  RoundSpec round;
+  round.round = 1;
+  ASSERT_TRUE(group.Start(round).ok());
+  starter.WorkersStarted(Now());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the script imports decimal
+  group.RequestModules();
+  for (int i = 0; i < 500 && kv.Get(WarmStarter::kWarmModulesKey).empty(); ++i) {
+    starter.Poll(Now(), true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_THAT(pool.preloaded(), Contains("decimal"));
+  EXPECT_FALSE(fs::exists(file));  // learned, but no step yet
+  starter.FirstStep(Now());
+  for (int i = 0; i < 500 && !fs::exists(file); ++i) {
+    starter.Poll(Now(), true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  absl::StatusOr<std::vector<std::string>> kept = ReadModuleListFile(file, "/venv/bin/python", "/job/train.py");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_THAT(*kept, Contains("decimal"));
+  EXPECT_THAT(*kept, ::testing::Not(Contains("__main__")));
+  group.Stop(0);
+
+  // The next run: its first interpreters preload the list at once.
+  FakeKv kv2;
+  WarmPool pool2(WarmOptions{"/usr/bin/python3", {"json"}});
+  WorkerGroup group2(Spec(&pool2, (dir_ / "train.py").string()));
+  WarmStarter starter2(&pool2, &group2, 1, Kv(&kv2), [] { return std::string("node=test"); });
+  starter2.set_module_file(file, "/venv/bin/python", "/job/train.py");
+  starter2.PrepareNow();
+  EXPECT_THAT(pool2.preloaded(), Contains("decimal"));
+  for (int i = 0; i < 1000 && !pool2.ready(0); ++i) {
+    starter2.Poll(Now(), false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(pool2.ready(0));
+  // An earlier run's list is a guess for this node only: the KV store holds
+  // what this run's workers imported.
+  EXPECT_EQ(kv2.Get(WarmStarter::kWarmModulesKey), "");
+  // Another script (or python) has a list of its own.
+  WarmPool pool3(WarmOptions{"/usr/bin/python3", {"json"}});
+  WarmStarter starter3(&pool3, &group2, 1, Kv(&kv2), [] { return std::string("node=test"); });
+  starter3.set_module_file(file, "/venv/bin/python", "/job/other.py");
+  starter3.PrepareNow();
+  EXPECT_TRUE(pool3.preloaded().empty());
+}
+
+// The interpreters for the next restart start as soon as this start took
+// the waiting ones when they wait at SCHED_IDLE (a fault soon after a start
+// finds them importing, not absent); at normal priority they wait for the
+// first step (or kPrepareFallbackNs), not to slow this start.
+TEST_F(WarmStarterTest, TheNextInterpretersStartWithTheWorkersWhenTheyWaitAtIdlePriority) {
+  for (bool low : {true, false}) {
+    SCOPED_TRACE(low ? "SCHED_IDLE" : "normal priority");
+    if (low && !CanRestoreNormalPriority()) {
+      GTEST_LOG_(INFO) << "this process may not restore SCHED_OTHER (no CAP_SYS_NICE): SCHED_IDLE case not run";
+      continue;
+    }
+    FakeKv kv;
+    WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}, low});
+    std::ofstream(dir_ / "train.py") << "import time\ntime.sleep(60)\n";
+    WorkerGroup group(Spec(&pool, (dir_ / "train.py").string()));
+    WarmStarter starter(&pool, &group, 1, Kv(&kv), [] { return std::string("node=test"); });
+    starter.PrepareNow();
+    RoundSpec round;
+    round.round = 1;
+    ASSERT_TRUE(group.Start(round).ok());
+    ASSERT_EQ(group.start_summary(), "warm (1 of 1)");
+    const uint64_t t0 = Now();
+    starter.WorkersStarted(t0);
+    starter.Poll(t0 + 1, true);
+    std::string why;
+    std::optional<WarmProcess> next = pool.Take(0, group.InterpreterEnvironment(), &why);
+    if (low) {
+      ASSERT_TRUE(next.has_value()) << why;
+      next->process.Terminate(0);
+    } else {
+      EXPECT_FALSE(next.has_value());
+      EXPECT_EQ(why, "no warm interpreter was ready");
+      starter.Poll(t0 + WarmStarter::kPrepareFallbackNs, true);
+      next = pool.Take(0, group.InterpreterEnvironment(), &why);
+      ASSERT_TRUE(next.has_value()) << why;
+      next->process.Terminate(0);
+    }
+    group.Stop(0);
+  }
+}
+
+// The module list file: a round trip, and what a reader refuses.
+TEST_F(WarmStarterTest, ModuleListFileRoundTripAndRefusals) {
+  EXPECT_EQ(ModuleListFile("", "/usr/bin/python3", "/a.py"), "");
+  const std::string a = ModuleListFile(dir_.string(), "/usr/bin/python3", "/a.py");
+  EXPECT_EQ(a, ModuleListFile(dir_.string(), "/usr/bin/python3", "/a.py"));  // stable
+  EXPECT_NE(a, ModuleListFile(dir_.string(), "/usr/bin/python3", "/b.py"));
+  EXPECT_NE(a, ModuleListFile(dir_.string(), "/venv/bin/python", "/a.py"));
+  EXPECT_TRUE(absl::IsNotFound(ReadModuleListFile(a, "/usr/bin/python3", "/a.py").status()));
+  ASSERT_TRUE(WriteModuleListFile(a, "/usr/bin/python3", "/a.py", {"torch", "torch._dynamo", "sympy"}).ok());
+  absl::StatusOr<std::vector<std::string>> got = ReadModuleListFile(a, "/usr/bin/python3", "/a.py");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"torch", "torch._dynamo", "sympy"}));
+  // Written for another script (a hash collision, a copied file): not used.
+  EXPECT_TRUE(absl::IsNotFound(ReadModuleListFile(a, "/usr/bin/python3", "/b.py").status()));
+  // Lines that are not module names are skipped.
+  std::ofstream(a, std::ios::app) << "os; rm -rf /\n../x\njson\n_sysconfigdata__x86_64-linux-gnu\n";
+  got = ReadModuleListFile(a, "/usr/bin/python3", "/a.py");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, (std::vector<std::string>{"torch", "torch._dynamo", "sympy", "json",
+                                            "_sysconfigdata__x86_64-linux-gnu"}));
+  // No temp files left beside it.
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(a).parent_path())) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1u);
 }
 
 }  // namespace

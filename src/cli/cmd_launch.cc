@@ -7,8 +7,10 @@
 // Kubernetes), up to --max-replacements, so a crash loop cannot spin forever.
 // With --spares K, K more agents (node ranks MAX..MAX+K-1) join the first
 // rendezvous and wait outside the world as hot spares, their interpreters
-// warm: a lost node's place goes to a spare at once, and the replacement the
-// node manager starts for the lost node joins as the next spare.
+// warm: a lost node's place goes at once to the spare that waited longest
+// (JobMaster::FormAdmissible), and the replacement the node manager starts
+// for the lost node joins as the newest spare (it has the lost node's rank,
+// but waits behind the spares that joined before it).
 //
 // Threading: everything runs on the main thread except the master's own
 // threads. Agents are forked from the main thread, which lives as long as they
@@ -41,11 +43,11 @@ int LaunchCommand(const Args& args) {
   int start_nodes = -1;
   int spares = 0;
   AddJobFlags(app, &f);
-  app.add_option("--start-nodes,--start_nodes", start_nodes, "Agents to start (default: MAX)");
+  app.add_option("--start-nodes,--start_nodes", start_nodes, "Agents to start (default: MAX)")->check(PositiveCount());
   app.add_option("--spares", spares,
                  "Hot spare nodes: K more agents that join and wait outside the world with warm interpreters, "
                  "taking a lost node's place at once (the lost node's replacement becomes the next spare)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Count())
       ->capture_default_str();
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
   if (int rc = CheckJobFlags("launch", app, &f); rc >= 0) return rc;

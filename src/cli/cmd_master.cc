@@ -104,11 +104,11 @@ int MasterCommand(const Args& args) {
   app.add_option("--kubeconfig", k8s.kubeconfig,
                  "With --kubernetes-job: a kubeconfig (default: $KUBECONFIG, else the pod's service account)");
   app.add_option("--node-unit,--node_unit", opts.node_unit,
-                 "The world's node count is a multiple of this")->check(CLI::PositiveNumber);
+                 "The world's node count is a multiple of this")->check(PositiveCount());
   app.add_option("--max-restarts,--max_restarts", opts.max_restarts,
-                 "Worker-failure restarts before the job fails")->check(CLI::NonNegativeNumber);
+                 "Worker-failure restarts before the job fails")->check(Count());
   app.add_option("--host", opts.bind_host, "Address to listen on")->capture_default_str();
-  app.add_option("--port", opts.port, "Port to listen on (0: any free port)")->capture_default_str();
+  app.add_option("--port", opts.port, "Port to listen on (0: any free port)")->check(Port())->capture_default_str();
   HttpFlags http;
   http.Add(app);
   HealthFlags health;
@@ -125,9 +125,13 @@ int MasterCommand(const Args& args) {
                  "restarts when it dies (default: no journal)");
   app.add_flag("--no-supervise,--no_supervise", no_supervise,
                "With --journal: run the master in this process (a supervisor of your own restarts it)");
-  app.add_option("--last-call", opts.last_call_s, "Seconds after the last join before a round at >= MIN completes");
-  app.add_option("--heartbeat-timeout", opts.heartbeat_timeout_s, "Seconds of agent silence before its node is dead");
-  app.add_option("--wait-for-nodes", opts.wait_for_nodes_s, "Seconds a job below MIN nodes waits before failing");
+  // Unset (-1): the tunables' defaults; a negative value given is refused, not taken for unset.
+  app.add_option("--last-call", opts.last_call_s, "Seconds after the last join before a round at >= MIN completes")
+      ->check(Seconds());
+  app.add_option("--heartbeat-timeout", opts.heartbeat_timeout_s, "Seconds of agent silence before its node is dead")
+      ->check(Seconds(/*positive=*/true));
+  app.add_option("--wait-for-nodes", opts.wait_for_nodes_s, "Seconds a job below MIN nodes waits before failing")
+      ->check(Seconds());
   app.add_flag("--network-check,--network_check", opts.precheck,
                "Pre-flight check (matmul + allreduce in node pairs) of every node before it trains; faulty nodes "
                "are excluded and must be replaced");
@@ -138,7 +142,7 @@ int MasterCommand(const Args& args) {
   // Set by `ballast launch|slurm --journal`, whose master runs in a child
   // process: the nodes its backend starts at once (MAX + spares).
   app.add_option("--expected-nodes", opts.expected_nodes, "Nodes started at once (the first round waits for them)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Count())
       ->group("");
   // Also theirs: after the job ends, keep serving (its status, JobFinished to
   // late agents) until SIGTERM, so the driver reads the outcome before any

@@ -79,10 +79,10 @@ int SimulateCommand(const Args& args) {
   sim::SimOptions o;
   bool json = false;
   std::string csv_path, png_path, faults, policies = "manual,dlrover,ballast", python = "/usr/bin/python3";
-  app.add_option("--gpus", o.gpus, "GPUs in the job")->capture_default_str();
-  app.add_option("--gpus-per-node", o.gpus_per_node, "GPUs per node")->capture_default_str();
+  app.add_option("--gpus", o.gpus, "GPUs in the job")->check(PositiveCount())->capture_default_str();
+  app.add_option("--gpus-per-node", o.gpus_per_node, "GPUs per node")->check(PositiveCount())->capture_default_str();
   app.add_option("--days", o.days, "Simulated days")->capture_default_str();
-  app.add_option("--steps", o.steps, "End the job at this step instead of after --days");
+  app.add_option("--steps", o.steps, "End the job at this step instead of after --days")->check(Count<int64_t>());
   app.add_option("--failure-rate", o.failure_rate_per_gpu_day,
                  "Failures per GPU per day (0.0027: the 8% a month Ant Group reported)")
       ->capture_default_str();
@@ -90,24 +90,32 @@ int SimulateCommand(const Args& args) {
                  "Share of failures a process restart fixes; the rest need a new node (DLRover: 0.75)")
       ->capture_default_str();
   app.add_option("--node-replacement", o.node_replacement_s, "Seconds until a new node's agent joins")
+      ->check(Seconds())
       ->capture_default_str();
-  app.add_option("--spares", o.spares, "Hot spare nodes (the ballast policy)")->capture_default_str();
+  app.add_option("--spares", o.spares, "Hot spare nodes (the ballast policy)")->check(Count())->capture_default_str();
   app.add_option("--step-time", o.step_time_s, "Seconds per training step")->capture_default_str();
-  app.add_option("--seed", o.seed, "Random seed of the fault schedule")->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed of the fault schedule")->check(Count<uint64_t>())->capture_default_str();
   app.add_option("--faults", faults, "A fault schedule instead of random faults: SECONDS:process|node,...");
-  app.add_option("--job-start", o.job_start_s, "Seconds from a job's start to its first step")->capture_default_str();
+  app.add_option("--job-start", o.job_start_s, "Seconds from a job's start to its first step")
+      ->check(Seconds())
+      ->capture_default_str();
   app.add_option("--manual-delay", o.manual_delay_s, "manual: seconds until a person restarts the job")
+      ->check(Seconds())
       ->capture_default_str();
   app.add_option("--dlrover-restart", o.dlrover_restart_s, "dlrover: seconds a process restart takes")
+      ->check(Seconds())
       ->capture_default_str();
   app.add_option("--disk-ckpt-interval", o.disk_ckpt_interval_s,
                  "manual, dlrover: training seconds between disk checkpoints")
       ->capture_default_str();
   app.add_option("--disk-ckpt-cost", o.disk_ckpt_s, "manual, dlrover: seconds a disk checkpoint blocks training")
+      ->check(Seconds())
       ->capture_default_str();
   app.add_option("--ballast-restart", o.ballast_restart_s, "ballast: seconds a warm restart takes")
+      ->check(Seconds())
       ->capture_default_str();
   app.add_option("--flash-ckpt-cost", o.flash_ckpt_s, "ballast: seconds each step's flash checkpoint blocks training")
+      ->check(Seconds())
       ->capture_default_str();
   app.add_option("--heartbeat-timeout", o.heartbeat_timeout_s, "Seconds of silence before a node is lost")
       ->capture_default_str();

@@ -93,7 +93,7 @@ int SlurmCommand(const Args& args) {
   app.add_option("--spares", spares,
                  "Hot spare nodes: agents that join and wait outside the world, taking a lost node's place at once "
                  "(the allocation needs MAX + SPARES nodes; more are used for replacements)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Count())
       ->capture_default_str();
   app.add_flag("--drain-bad-nodes,--drain_bad_nodes", drain_bad_nodes,
                "Drain nodes that fail the pre-flight check (or are stragglers with --exclude-stragglers) in Slurm: "

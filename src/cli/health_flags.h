@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "cli/cli_util.h"
 #include "health/health_policy.h"
 
 namespace ballast::cli {
@@ -27,6 +28,7 @@ struct HealthFlags {
         ->capture_default_str();
     app.add_option("--max-rollbacks,--max_rollbacks", max_rollbacks,
                    "Rollbacks after bad losses before the job fails (they do not use up --max-restarts)")
+        ->check(Count())
         ->capture_default_str();
     app.add_option("--loss-spike,--loss_spike", loss_spike_z,
                    "Also roll back a loss this many robust deviations (median/MAD over the rank's last 50 losses) "
@@ -37,6 +39,7 @@ struct HealthFlags {
                    "Every this many steps, ranks that must hold the same parameters compare fingerprints "
                    "(ballast.step(step, model=)); a rank that disagrees with the majority is excluded and the job "
                    "rolls back (0: off)")
+        ->check(Count())
         ->capture_default_str();
   }
   // The policy, or kInvalidArgument naming the flag.

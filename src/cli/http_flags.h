@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include "cli/cli_util.h"
 #include "master/master_server.h"
 
 namespace ballast::cli {
@@ -15,7 +16,7 @@ struct HttpFlags {
     app.add_option("--http-port,--http_port", port,
                    "The dashboard, /api/v1/job, /api/v1/events and /metrics (default: --port + 1, or any free port "
                    "when --port is 0 or that one is taken; -1: off)")
-        ->check(CLI::Range(-1, 65535));
+        ->check(IntegerIn(-1, 65535, "a port from 0 to 65535 (0: any free port), or -1 for off", "PORT"));
     app.add_flag("--metrics-public,--metrics_public", metrics_public, "Serve /metrics without the job token");
   }
   // Sets the HTTP options of a master whose gRPC port is o->port.

@@ -21,15 +21,16 @@ namespace ballast::cli {
 void AddJobFlags(CLI::App& app, JobFlags* f) {
   app.add_option("--nodes,--nnodes", f->nodes, "Nodes the job trains on: N or MIN:MAX")->required();
   app.add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node, "Workers per node")
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveCount());
   app.add_option("--max-restarts,--max_restarts", f->max_restarts, "Worker-failure restarts before the job fails")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Count())
       ->capture_default_str();
   app.add_option("--node-unit,--node_unit", f->node_unit, "The world's node count is a multiple of this")
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveCount());
   app.add_option("--max-replacements,--max_replacements", f->max_replacements,
-                 "Lost nodes replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)");
-  app.add_option("--port", f->port, "Master port (0: any free port)");
+                 "Lost nodes replaced before giving up (default: BALLAST_MAX_NODE_REPLACEMENTS, 3)")
+      ->check(Count());
+  app.add_option("--port", f->port, "Master port (0: any free port)")->check(Port());
   f->http.Add(app);
   f->health.Add(app);
   app.add_flag("--network-check,--network_check", f->network_check,
@@ -57,10 +58,10 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
   app.add_option("--role", f->role, "Worker role name");
   app.add_option("--hang-timeout,--hang_timeout", f->hang_timeout_s,
                  "Restart workers whose ballast.step() progress stops for this many seconds (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(Seconds());
   app.add_option("--ckpt-replicas,--ckpt_replicas", f->ckpt_replicas,
                  "Copy each rank's newest flash checkpoint step to the next K nodes' memory (0: off)")
-      ->check(CLI::Range(0, 8))
+      ->check(IntegerIn(0, 8, "a count from 0 to 8 (0: off)", "0..8"))
       ->capture_default_str();
   app.add_flag("--no-warm-restart,--no_warm_restart", f->no_warm_restart,
                "Start every worker in a new interpreter (default: a warm one per local rank waits, torch and what "

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "agent/chaos_driver.h"
 #include "common/grpc_util.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -211,24 +211,14 @@ absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
 
 void MasterProcess::InjectChaos() {
   if (!options_.kill_master.has_value() || chaos_fired_ || child_ == nullptr || !last_.has_value()) return;
-  const ChaosFault& f = *options_.kill_master;
-  std::string why;
-  if (f.params.count("at_step") > 0) {
-    if (last_->state() != "running") return;
-    int64_t lowest = -1;
-    for (const v1::NodeStatus& n : last_->nodes()) {
-      if (n.state() == "dead" || n.state() == "left" || n.state() == "excluded") continue;
-      lowest = lowest < 0 ? n.last_step() : std::min(lowest, n.last_step());
-    }
-    if (lowest < static_cast<int64_t>(f.Number("at_step", 0))) return;
-    why = absl::StrCat("every node at step ", lowest, " or later");
-  } else {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_started_).count();
-    if (s < f.Number("after", 0)) return;
-    why = absl::StrFormat("%.1f s after it started", s);
-  }
+  // By step, the agents report their node's step the moment it reaches the
+  // fault's (agent/chaos_driver.h), so the status read every turn has it.
+  const double since_start_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - first_started_).count();
+  const std::optional<std::string> why = agent::KillMasterDue(*options_.kill_master, *last_, since_start_s);
+  if (!why.has_value()) return;
   chaos_fired_ = true;
-  spdlog::warn("{}: chaos: kill-master ({}): SIGKILL to the master process (pid {})", options_.cmd, why,
+  spdlog::warn("{}: chaos: kill-master ({}): SIGKILL to the master process (pid {})", options_.cmd, *why,
                child_->pid());
   kill(child_->pid(), SIGKILL);
 }

@@ -62,6 +62,15 @@ struct alignas(64) ProgressCell {
   // unlike the step time, which synchronous training makes the same on
   // every rank, it shows which rank is slow (the master's straggler check).
   std::atomic<uint64_t> compute_ns{0};
+  // The rollback target of silent data corruption (python/ballast/checkpoint.py
+  // keeps it pinned). sdc_agreed: written by the agent, the newest step at
+  // which the master found every rank's fingerprints equal (kept across
+  // rounds). sdc_wait: written by the worker, a check step whose verdict it
+  // waits for before it unpins the older target (0: none); the agent then
+  // reports at once to hear the verdict. (They took the cell's padding: a
+  // worker and an agent of the release before read them as 0.)
+  std::atomic<uint64_t> sdc_agreed{0};
+  std::atomic<uint64_t> sdc_wait{0};
 };
 static_assert(sizeof(ProgressCell) == 192);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

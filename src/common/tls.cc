@@ -100,8 +100,16 @@ std::shared_ptr<grpc::Channel> MasterChannel(const std::string& endpoint,
   // gRPC's default reconnect backoff grows to minutes; a restarted master must
   // be found again within our own 2 s backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Despite its name, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is how long a
+  // connection attempt (TCP connect, TLS handshake, HTTP/2 settings) may take
+  // at least before gRPC abandons it. It was 100 ms here: on a loaded machine
+  // a TLS handshake takes longer, was cut off ("handshaker shutdown"), and
+  // every retry started a new one, so an agent never reached a master that
+  // was there (and reported it unreachable instead of its answer). gRPC's
+  // default (20 s), stated here so nobody lowers it for a faster reconnect:
+  // the backoff above is what sets that.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
   return grpc::CreateCustomChannel(endpoint, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),

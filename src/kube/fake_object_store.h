@@ -1,13 +1,18 @@
 // Test-only: a fake API server (cpp-httplib on loopback) that stores objects
-// the way the real one does for GET, POST (create: 409 AlreadyExists) and
-// PUT (replace: 409 Conflict unless the body's resourceVersion is the
-// stored one; every write bumps it). Enough for the Lease and the master
-// state store; the real API server is exercised by tests/kubernetes/.
+// the way the real one does for GET, POST (create: 409 AlreadyExists), PUT
+// (replace: 409 Conflict unless the body's resourceVersion is the stored
+// one) and PATCH (merge of the body, or of its .status on a ".../status"
+// path: the status subresource; a resourceVersion in the body is a
+// precondition, 409 Conflict when it is not the stored one, as for merge
+// patches and server-side apply); every write bumps it. Enough for the Lease,
+// the master state store and the job fence; the real API server is exercised
+// by tests/kubernetes/.
 #pragma once
 
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,6 +30,7 @@ class FakeObjectStore {
     server_.Get(".*", handler);
     server_.Post(".*", handler);
     server_.Put(".*", handler);
+    server_.Patch(".*", handler);
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) usleep(1000);
@@ -54,6 +60,10 @@ class FakeObjectStore {
   // Every request fails with 503 while set (the API server unreachable).
   std::atomic<bool> unavailable{false};
   std::atomic<int> writes{0};
+  // Called with the path before each PATCH is handled (without the store's
+  // lock: it may Put), so a test can write as another client would between
+  // a client's read and its write. Set it before the requests it is for.
+  std::function<void(const std::string& path)> before_patch;
 
  private:
   static void Fail(httplib::Response& res, int code, const std::string& reason) {
@@ -63,6 +73,7 @@ class FakeObjectStore {
   }
   void Handle(const httplib::Request& req, httplib::Response& res) {
     if (unavailable.load()) return Fail(res, 503, "ServiceUnavailable");
+    if (req.method == "PATCH" && before_patch) before_patch(req.path);
     std::lock_guard<std::mutex> lock(mu_);
     if (req.method == "GET") {
       auto it = objects_.find(req.path);
@@ -72,6 +83,28 @@ class FakeObjectStore {
     }
     Json body = Json::parse(req.body);
     std::string path = req.path;
+    if (req.method == "PATCH") {
+      const std::string kStatus = "/status";
+      const bool status = path.size() > kStatus.size() &&
+                          path.compare(path.size() - kStatus.size(), kStatus.size(), kStatus) == 0;
+      if (status) path.resize(path.size() - kStatus.size());
+      auto it = objects_.find(path);
+      if (it == objects_.end()) return Fail(res, 404, "NotFound");
+      const std::string want = body.contains("metadata") ? body["metadata"].value("resourceVersion", "") : "";
+      if (!want.empty() && want != it->second["metadata"].value("resourceVersion", "")) {
+        return Fail(res, 409, "Conflict");
+      }
+      if (body.contains("metadata")) body["metadata"].erase("resourceVersion");
+      if (status) {
+        it->second["status"].merge_patch(body.value("status", Json::object()));
+      } else {
+        it->second.merge_patch(body);
+      }
+      it->second["metadata"]["resourceVersion"] = std::to_string(++version_);
+      ++writes;
+      res.set_content(it->second.dump(), "application/json");
+      return;
+    }
     if (req.method == "POST") {
       path += "/" + body["metadata"]["name"].get<std::string>();
       if (objects_.count(path) > 0) return Fail(res, 409, "AlreadyExists");

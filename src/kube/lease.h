@@ -6,6 +6,16 @@
 // compared). Every write is conditional on the resourceVersion read, so two
 // candidates never both win.
 //
+// Which candidate takes a silent holder's Lease is not defined, and not meant
+// to be: each counts the silence from when it itself last saw the holder
+// renew, and the first to look after lease_duration_s of it wins. A standby
+// that waited for long has no head start over a replica that started
+// meanwhile (the pod a Deployment creates for a deleted leader) when the old
+// holder renewed once more after that replica began to look: a force-deleted
+// pod's process runs until its kubelet sees the deletion. What is
+// guaranteed: at most one holder at a time, and a new one within
+// lease_duration_s (+ one look) of the last renewal while a candidate runs.
+//
 // A holder that cannot renew for renew_deadline_s (< lease_duration_s), or
 // finds another holder, has lost the Lease: held() turns false at once and
 // stays false, and the owner must stop acting (fencing: ballast's job master

@@ -5,8 +5,10 @@
 // Bounded: steps at or below a dir's committed step are dropped when a step
 // commits, and at most kMaxPendingSteps incomplete steps are kept per dir
 // (the oldest go first: a step some rank never persisted can never complete).
-// The journal replays the same reports through a tracker of its own, so a
-// restarted master continues counting where the old one stopped.
+// The journal replays the same reports through a tracker of its own, and a
+// rollback's Rewind where its round record stands among them
+// (ApplyJournalRecord), so a restarted master continues counting where the
+// old one stopped, never from a dropped step.
 //
 // Ownership: plain value type. Thread safety: none; the owner serializes.
 #pragma once

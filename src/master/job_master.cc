@@ -976,7 +976,7 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
   return absl::OkStatus();
 }
 
-absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
+absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report, v1::ProgressResponse* response) {
   JobLock lock(&mu_);
   NodeRecord* rec = nodes_.Find(NodeId(report.node_id()));
   if (rec == nullptr) {
@@ -984,6 +984,18 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report) {
                  report.node_id());
     return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
   }
+  // What an agent heard from this job's master before (this one, or the one
+  // before a restart): the fingerprint checker's newest agreed step.
+  sdc_.NoteAgreed(report.sdc_agreed_step());
+  // Answered whatever happens below: the workers' pinned rollback target
+  // follows the newest agreed step (a verdict of this very report included).
+  struct Answer {
+    const SdcChecker& sdc;
+    v1::ProgressResponse* response;
+    ~Answer() {
+      if (response != nullptr) response->set_sdc_agreed_step(sdc.last_agreed_step());
+    }
+  } answer{sdc_, response};
   if (report.has_timeline() && report.timeline().round() >= rec->timeline.round()) rec->timeline = report.timeline();
   for (const std::string& e : report.persist_errors()) {
     // The agent retries; the job trains on, its newest durable step older.

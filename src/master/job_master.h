@@ -177,7 +177,8 @@ class JobMaster {
   // Text fields above common/limits.h's bounds are cut, not refused.
   absl::Status ReportFailure(const v1::FailureReport& report);
   absl::Status ReportWorkersDone(const v1::WorkersDoneRequest& request);
-  absl::Status ReportProgress(const v1::ProgressReport& report);
+  // `response` (optional) gets what the agent passes on to its workers.
+  absl::Status ReportProgress(const v1::ProgressReport& report, v1::ProgressResponse* response = nullptr);
   // Flash checkpoint: counts durable ranks per (dir, step). commit = true for
   // exactly one report per (dir, step), the one that completes world_size
   // ranks. kInvalidArgument for an empty dir, world_size < 1 or a rank

@@ -2,6 +2,7 @@
 // from the recorded state (Restore). See journal.h for the format and
 // job_master.h for what a restarted master promises.
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -84,6 +85,10 @@ void JobMaster::RecordRound() {
   jr->set_below_min(below_min_since_.has_value());
   jr->set_below_min_context(below_min_context_);
   jr->set_rollback_below(rollback_below_);
+  // A new pair makes replay rewind the commit tracker here (ApplyJournalRecord),
+  // as HandleFailure's ckpt_.Rewind did just before this record.
+  jr->set_rollback_round(rollback_round_.value());
+  jr->set_rolled_back_below(rolled_back_below_);
   jr->set_skip_data(skip_data_);
   Record(std::move(r), /*sync=*/true);
 }
@@ -170,7 +175,13 @@ void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
   if (jr.below_min()) below_min_since_ = now;  // the wait for nodes starts again
   below_min_context_ = jr.below_min_context();
   rollback_below_ = jr.rollback_below();
-  if (rollback_below_ != 0) {
+  if (jr.rolled_back_below() > 0) {
+    // The last rollback, also once its round trained on: a persist of an
+    // older round that finishes after the restart is still refused.
+    rollback_round_ = Round(jr.rollback_round());
+    rolled_back_below_ = jr.rolled_back_below();
+  } else if (rollback_below_ != 0) {
+    // A journal written before the record kept the pair.
     rollback_round_ = round_;
     rolled_back_below_ = rollback_below_;
   }
@@ -215,6 +226,14 @@ void JobMaster::RestoreNodes(const v1::MasterSnapshot& st, double now) {
   for (const auto& [id, n] : st.nodes()) {
     if (world_.Find(NodeId(id)) == nullptr) others.push_back(&n);
   }
+  // In the order they joined (not the map's): the rendezvous keeps it, and
+  // the longest-waiting spare is still the first to take a lost node's place.
+  auto joined = [&st](const v1::NodeInfo* n) {
+    auto it = st.joined_seq().find(n->node_id());
+    return std::make_pair(it != st.joined_seq().end() ? it->second : 0, n->node_id());
+  };
+  std::sort(others.begin(), others.end(),
+            [&](const v1::NodeInfo* a, const v1::NodeInfo* b) { return joined(a) < joined(b); });
   order.insert(order.end(), others.begin(), others.end());
   std::set<NodeId> done;
   for (const auto& d : st.done()) done.insert(NodeId(d.node_id()));

@@ -61,7 +61,25 @@ int JobMaster::AdmissibleWorldNodes() const {
   return rdzv_.RoundedNodes(static_cast<int>(AdmissibleNodes().size()));
 }
 
-std::optional<World> JobMaster::FormAdmissible() const { return rdzv_.FormFrom(AdmissibleNodes()); }
+std::optional<World> JobMaster::FormAdmissible() const {
+  // Who is in the new world: the running world's members first (they hold
+  // the in-memory checkpoints, and a scale-up must not push one out), then
+  // the waiting nodes that waited longest (hot spares in the order they
+  // joined, before a lost node's newer replacement). Rank hints then order
+  // the chosen nodes; they do not choose them.
+  const std::vector<NodeId> admissible = AdmissibleNodes();  // in rank order
+  const int n = rdzv_.RoundedNodes(static_cast<int>(admissible.size()));
+  if (n == 0) return std::nullopt;
+  std::vector<NodeId> chosen;
+  for (const NodeId& id : admissible) {
+    if (IsMember(id)) chosen.push_back(id);
+  }
+  for (const NodeId& id : rdzv_.JoinOrder()) {
+    if (Admissible(id) && !IsMember(id)) chosen.push_back(id);
+  }
+  if (chosen.size() > static_cast<size_t>(n)) chosen.resize(static_cast<size_t>(n));
+  return rdzv_.FormFrom(chosen);
+}
 
 bool JobMaster::InRunningCheck(const NodeId& node_id) const {
   const PrecheckCoordinator& c = precheck_.coordinator;

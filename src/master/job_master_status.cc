@@ -189,7 +189,10 @@ void JobMaster::WorldProgress(double now) const {
     }
   }
   goodput_.Progress(now, w);
-  step_history_.Add(now - start_time_, goodput_.high_water_step());
+  // A sample once the world made its round's first step: before that a new
+  // job's high-water step is 0, not a step reached, and the step-rate chart
+  // would draw a burst from 0 to a restored checkpoint's step.
+  if (goodput_.training()) step_history_.Add(now - start_time_, goodput_.high_water_step());
 }
 
 }  // namespace ballast::master

@@ -674,6 +674,78 @@ TEST_F(JobMasterTest, FirstRoundWaitsForSparesOnlyForTheLastCall) {
   EXPECT_TRUE(event);
 }
 
+// The replacement policy: a lost member's place goes to the spare that has
+// waited longest, not to the one with the lowest node rank (`ballast launch
+// --spares` starts a lost node's replacement with the lost node's rank, so it
+// would jump the queue), and the surviving members stay.
+TEST_F(JobMasterTest, TheLongestWaitingSpareTakesALostNodesPlace) {
+  JobMasterOptions o = Options(2, 2);
+  o.expected_nodes = 4;  // MAX 2 + 2 spares
+  Make(o);
+  Add("node-0", 0);
+  Add("node-1", 1);
+  Add("node-3", 3);  // the spares joined in this order
+  Add("node-2", 2);
+  ASSERT_EQ(jm_->Status().round(), 1);
+  v1::LeaveRequest leave;
+  leave.set_node_id("node-0");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  v1::JobStatus st = jm_->Status();
+  ASSERT_EQ(st.round(), 2);
+  EXPECT_THAT(st.message(), HasSubstr("spare node node-3 takes the place of node node-0 "));
+  // node-0's replacement joins (node rank 0 again) and waits behind node-2.
+  Advance(1);
+  Add("node-0-2", 0);
+  EXPECT_THAT(Last("node-0-2").wait().reason(), HasSubstr("surplus node"));
+  leave.set_node_id("node-1");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  st = jm_->Status();
+  ASSERT_EQ(st.round(), 3);
+  EXPECT_THAT(st.message(), HasSubstr("spare node node-2 takes the place of node node-1 "));
+  EXPECT_EQ(st.failures(st.failures_size() - 1).action(), "spare node-2 promoted");
+  // The new world: the surviving member and the promoted spare, ranked by
+  // their node ranks; the newer replacement still waits.
+  v1::Decision d2 = Last("node-2"), d3 = Last("node-3");
+  ASSERT_TRUE(d2.has_start_round());
+  ASSERT_TRUE(d3.has_start_round());
+  EXPECT_EQ(d2.start_round().round(), 3);
+  EXPECT_EQ(d2.start_round().group_rank(), 0);
+  EXPECT_EQ(d3.start_round().group_rank(), 1);
+  EXPECT_TRUE(Last("node-0-2").has_wait());
+  st = jm_->Status();
+  std::map<std::string, std::string> states;
+  for (const auto& n : st.nodes()) states[n.node_id()] = n.state();
+  EXPECT_EQ(states["node-0-2"], "spare");
+}
+
+// The surviving members stay in the new world: spares with lower node ranks
+// fill the free place, they do not push a member out (its workers hold the
+// in-memory checkpoint).
+TEST_F(JobMasterTest, ASpareWithALowerNodeRankDoesNotPushOutASurvivingMember) {
+  Make(Options(2, 2));
+  Add("x", 5);
+  Add("y", 6);
+  ASSERT_EQ(jm_->Status().round(), 1);
+  Add("q", 1);
+  Advance(0.5);
+  Add("p", 0);
+  v1::LeaveRequest leave;
+  leave.set_node_id("y");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  v1::JobStatus st = jm_->Status();
+  ASSERT_EQ(st.round(), 2);
+  EXPECT_THAT(st.message(), HasSubstr("spare node q takes the place of node y "));
+  std::map<std::string, std::string> states;
+  for (const auto& n : st.nodes()) states[n.node_id()] = n.state();
+  EXPECT_EQ(states["x"], "training");
+  EXPECT_EQ(states["q"], "training");
+  EXPECT_EQ(states["p"], "spare");
+  v1::Decision dx = Last("x");
+  ASSERT_TRUE(dx.has_start_round());
+  EXPECT_EQ(dx.start_round().round(), 2);
+  EXPECT_EQ(dx.start_round().group_rank(), 1);  // ranked by node rank: q (1) before x (5)
+}
+
 TEST_F(JobMasterTest, NodeUnitKeepsLateNodeWaitingUntilAUnitIsComplete) {
   Make(Options(2, 4, /*node_unit=*/2));
   Add("a");
@@ -1159,6 +1231,43 @@ TEST_F(JobMasterTest, StatusCarriesTheGoodputBreakdownFromProgressReports) {
   EXPECT_THAT(FormatGoodput(g), HasSubstr("goodput "));
 }
 
+// The step-rate chart's data (JobStatus.step_history): a sample of the
+// world's step at each progress report (at most one a second) from the
+// round's first step on; none before it, when the world's step is no step
+// reached (a job that restored step 1000 must not show a burst from 0).
+TEST_F(JobMasterTest, StepHistorySamplesTheWorldsStepFromItsFirstStep) {
+  Make(Options(2, 2));
+  Add("a");
+  Add("b");
+  ASSERT_EQ(jm_->Status().round(), 1);
+  auto progress = [&](const std::string& id, int64_t step, bool first) {
+    v1::ProgressReport p = Progress(id, 1, step);
+    p.set_first_step_known(first);
+    p.set_first_step(1001);
+    ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  };
+  progress("a", 1001, true);
+  progress("b", 0, false);  // one worker of b has not made a step yet
+  Advance(1.0);
+  EXPECT_EQ(jm_->Status().step_history_size(), 0);
+  progress("b", 1001, true);
+  Advance(0.5);
+  v1::JobStatus st = jm_->Status();
+  ASSERT_EQ(st.step_history_size(), 1);
+  EXPECT_EQ(st.step_history(0).step(), 1001);
+  progress("a", 1011, true);
+  progress("b", 1011, true);
+  Advance(0.5);
+  EXPECT_EQ(jm_->Status().step_history_size(), 1);  // under a second after the last sample
+  Advance(1.0);
+  progress("a", 1021, true);
+  progress("b", 1021, true);
+  st = jm_->Status();
+  ASSERT_EQ(st.step_history_size(), 2);  // the chart can draw a rate from here
+  EXPECT_EQ(st.step_history(1).step(), 1021);
+  EXPECT_NEAR(st.step_history(1).at_s() - st.step_history(0).at_s(), 1.5, 1e-6);
+}
+
 TEST_F(JobMasterTest, EachFailureIsRecordedWithDetectionResumeAndStepsLost) {
   Make(Options(2, 3));
   Add("a");
@@ -1320,6 +1429,39 @@ TEST_F(JobMasterTest, ADivergedReplicaIsExcludedAndTheRestRollBackToTheLastAgree
   EXPECT_THAT(rec.cause(), ::testing::HasSubstr("rank 2's parameter fingerprint 0000000000000006 differs"));
   // Its re-join is refused.
   EXPECT_FALSE(Join("c", 2).ok());
+}
+
+}  // namespace
+}  // namespace ballast::master
+
+namespace ballast::master {
+namespace {
+
+TEST_F(JobMasterTest, ProgressAnswersCarryTheNewestAgreedStepAndARestartedMasterTakesItBack) {
+  Make(Options(2, 2));
+  Add("a", 0);
+  Add("b", 1);
+  for (const char* id : {"a", "b"}) Drain(id);
+  auto report = [&](const std::string& id, int rank, int64_t step, int64_t heard) {
+    v1::ProgressReport p = Progress(id, 1, step);
+    v1::Fingerprint* f = p.add_fingerprints();
+    f->set_rank(rank);
+    f->set_step(step);
+    f->set_value(42);
+    f->set_group(9);
+    p.set_sdc_agreed_step(heard);
+    v1::ProgressResponse r;
+    EXPECT_TRUE(jm_->ReportProgress(p, &r).ok());
+    return r.sdc_agreed_step();
+  };
+  // Step 10 is agreed once the last rank reports it, in that very answer.
+  EXPECT_EQ(report("a", 0, 10, 0), 0);
+  EXPECT_EQ(report("b", 1, 10, 0), 10);
+  EXPECT_EQ(report("a", 0, 20, 0), 10);
+  // What an agent heard from a master before this one (it restarted) is
+  // taken back, never lowered.
+  EXPECT_EQ(report("b", 1, 20, 40), 40);
+  EXPECT_EQ(report("a", 0, 30, 5), 40);
 }
 
 }  // namespace

@@ -95,14 +95,29 @@ void ApplyJournalRecord(const v1::JournalRecord& r, v1::MasterSnapshot* s, CkptC
       break;
     case v1::JournalRecord::kNodeUp:
       if (r.node_up().node_id().empty()) break;
+      // A re-join (an agent reconnecting) keeps its place in join order.
+      if (s->nodes().count(r.node_up().node_id()) == 0) {
+        (*s->mutable_joined_seq())[r.node_up().node_id()] = r.seq();
+      }
       (*s->mutable_nodes())[r.node_up().node_id()] = r.node_up();
       break;
     case v1::JournalRecord::kNodeGone:
       s->mutable_nodes()->erase(r.node_gone().node_id());
+      s->mutable_joined_seq()->erase(r.node_gone().node_id());
       *s->add_gone() = r.node_gone();
       KeepNewest(s->mutable_gone(), NodeTable::kMaxRemembered);
       break;
     case v1::JournalRecord::kRound: {
+      // The rollback's own record (the first with its round and step): the
+      // master dropped every commit from that step on just before writing
+      // it, so replay drops them here, between the same shard records. Later
+      // records of the same rollback drop nothing (the re-trained steps
+      // committed since must stay).
+      const v1::JournalRound& jr = r.round();
+      if (jr.rolled_back_below() > 0 && (jr.rollback_round() != s->round().rollback_round() ||
+                                         jr.rolled_back_below() != s->round().rolled_back_below())) {
+        ckpt->Rewind(jr.rolled_back_below());
+      }
       const bool new_round = r.round().round() != s->round().round();
       *s->mutable_round() = r.round();
       if (new_round) s->clear_done();

@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -131,6 +134,69 @@ TEST(JournalTest, CompactionKeepsTheStateAndCheckpointCommits) {
   EXPECT_EQ(s.last_seq(), 42u);
   ASSERT_EQ(s.ckpt_dirs_size(), 1);
   EXPECT_EQ(s.ckpt_dirs(0).committed(), 7);
+  std::filesystem::remove_all(dir);
+}
+
+v1::JournalRecord ShardRecord(int64_t step, int rank) {
+  v1::JournalRecord r;
+  auto* sh = r.mutable_shard();
+  sh->set_dir("/ckpt");
+  sh->set_step(step);
+  sh->set_rank(rank);
+  sh->set_world_size(2);
+  return r;
+}
+
+// A round record as JobMaster::RecordRound writes it; rollback_round 0: none yet.
+v1::JournalRecord RoundRecord(int64_t round, int64_t rollback_below, int64_t rollback_round, int64_t rolled_back_below) {
+  v1::JournalRecord r;
+  auto* jr = r.mutable_round();
+  jr->set_state("running");
+  jr->set_round(round);
+  jr->set_rollback_below(rollback_below);
+  jr->set_rollback_round(rollback_round);
+  jr->set_rolled_back_below(rolled_back_below);
+  return r;
+}
+
+int64_t Committed(const Journal& j) {
+  v1::MasterSnapshot s = j.state();
+  return s.ckpt_dirs_size() == 1 ? s.ckpt_dirs(0).committed() : -1;
+}
+
+TEST(JournalTest, ARollbackDropsTheCommitsFromItsStepOnceWhereItStandsInTheLog) {
+  const std::string dir = TempDir("rollback");
+  // What the master writes: commits, a rollback at step 5 (round 2), the
+  // re-trained step 5, the rollback done (rollback_below cleared), a plain
+  // restart (round 3); then a second rollback at the same step (round 4).
+  std::vector<std::pair<v1::JournalRecord, int64_t>> script;  // record, committed after it
+  for (int64_t step : {4, 6}) {
+    script.emplace_back(ShardRecord(step, 0), step == 4 ? 0 : 4);
+    script.emplace_back(ShardRecord(step, 1), step);
+  }
+  script.emplace_back(RoundRecord(2, 5, 2, 5), 4);
+  script.emplace_back(ShardRecord(5, 0), 4);
+  script.emplace_back(ShardRecord(5, 1), 5);
+  script.emplace_back(RoundRecord(2, 0, 2, 5), 5);
+  script.emplace_back(RoundRecord(3, 0, 2, 5), 5);
+  script.emplace_back(ShardRecord(6, 0), 5);
+  script.emplace_back(ShardRecord(6, 1), 6);
+  script.emplace_back(RoundRecord(4, 5, 4, 5), 4);
+  script.emplace_back(ShardRecord(5, 0), 4);
+  for (size_t cut = 1; cut <= script.size(); ++cut) {
+    // The live state after each record, and the state replayed from the log
+    // and from a snapshot, are the same.
+    SCOPED_TRACE(cut);
+    std::filesystem::remove_all(dir);
+    {
+      auto j = OpenOrDie(dir);
+      for (size_t i = 0; i < cut; ++i) ASSERT_TRUE(j->Append(script[i].first, false).ok());
+      EXPECT_EQ(Committed(*j), script[cut - 1].second);
+    }
+    EXPECT_EQ(Committed(*OpenOrDie(dir)), script[cut - 1].second);
+    ASSERT_TRUE(OpenOrDie(dir)->Compact().ok());
+    EXPECT_EQ(Committed(*OpenOrDie(dir)), script[cut - 1].second);
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -384,6 +450,113 @@ TEST_F(JournalRestartTest, OneDoneNodeStaysDoneAcrossTheRestart) {
   ASSERT_TRUE(jm_->ReportWorkersDone(d).ok());
   ASSERT_TRUE(jm_->outcome().has_value());
   EXPECT_TRUE(jm_->outcome()->succeeded);
+}
+
+TEST_F(JournalRestartTest, AMasterRestartedAfterARollbackResumesBelowItsStep) {
+  RunningJob(Options());
+  auto shard = [&](int64_t round, int64_t step, int rank) {
+    v1::ShardDurableReport sh;
+    sh.set_node_id(rank == 0 ? "a" : "b");
+    sh.set_round(round);
+    sh.set_dir("/ckpt");
+    sh.set_step(step);
+    sh.set_world_size(2);
+    sh.set_rank(rank);
+    auto r = jm_->ReportShardDurable(sh);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::ShardDurableResponse();
+  };
+  for (int64_t step : {4, 6}) {
+    shard(1, step, 0);
+    ASSERT_TRUE(shard(1, step, 1).commit());
+  }
+  // A NaN at step 5: every step from 5 on is dropped, step 6's commit too.
+  v1::FailureReport nan;
+  nan.set_node_id("b");
+  nan.set_round(1);
+  nan.set_global_rank(1);
+  nan.set_kind("nan");
+  nan.set_cause("non-finite loss (nan) at step 5");
+  nan.set_health_step(5);
+  nan.set_health_value(std::nan(""));
+  nan.set_max_retries(-1);
+  ASSERT_TRUE(jm_->ReportFailure(nan).ok());
+  ASSERT_EQ(Last("a").start_round().rollback_below(), 5);
+
+  Start(Options());  // the crash and restart, before the rollback round trained
+  ASSERT_EQ(journal_->state().ckpt_dirs_size(), 1);
+  EXPECT_EQ(journal_->state().ckpt_dirs(0).committed(), 4);
+  Join("a");
+  Join("b");
+  v1::Decision d = Last("a");
+  ASSERT_TRUE(d.has_start_round());
+  EXPECT_EQ(d.start_round().round(), 2);
+  EXPECT_EQ(d.start_round().rollback_below(), 5);  // an agent that missed it still rolls back
+  // The dropped step, persisted late by round 1, does not come back...
+  EXPECT_FALSE(shard(1, 6, 0).commit());
+  EXPECT_FALSE(shard(1, 6, 1).commit());
+  // ... and the re-trained step 5 commits: the newest commit is 4, not 6.
+  v1::ShardDurableResponse r = shard(2, 5, 0);
+  EXPECT_FALSE(r.commit());
+  EXPECT_EQ(r.committed_step(), 4);
+  r = shard(2, 5, 1);
+  EXPECT_TRUE(r.commit());
+  EXPECT_EQ(r.committed_step(), 5);
+  // Round 2 trains on (the rollback is done), then the master restarts again:
+  // the commits made since the rollback stay, and round 1's late persists of
+  // the dropped steps stay refused.
+  v1::ProgressReport p;
+  p.set_node_id("a");
+  p.set_round(2);
+  p.set_step(6);
+  p.set_first_step_known(true);
+  p.set_first_step(5);
+  ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  Start(Options());
+  Join("a");
+  Join("b");
+  EXPECT_EQ(Last("a").start_round().rollback_below(), 0);
+  EXPECT_EQ(journal_->state().ckpt_dirs(0).committed(), 5);
+  EXPECT_FALSE(shard(1, 6, 0).commit());
+  EXPECT_FALSE(shard(1, 6, 1).commit());
+  EXPECT_EQ(shard(2, 6, 0).committed_step(), 5);
+  EXPECT_TRUE(shard(2, 6, 1).commit());
+  // A restart of the round that is no rollback keeps them too.
+  ASSERT_TRUE(Fail("a", 2).ok());
+  Start(Options());
+  EXPECT_EQ(jm_->Status().round(), 3);
+  EXPECT_EQ(journal_->state().ckpt_dirs(0).committed(), 6);
+}
+
+TEST_F(JournalRestartTest, ARestartedMasterStillPromotesTheLongestWaitingSpare) {
+  auto join = [&](const std::string& id, int hint) {
+    v1::JoinRequest req;
+    req.mutable_node()->set_node_id(id);
+    req.mutable_node()->set_node_rank_hint(hint);
+    req.mutable_node()->set_local_world_size(1);
+    req.mutable_node()->set_host(id + ".host");
+    ASSERT_TRUE(jm_->Join(req).ok());
+  };
+  Start(Options());
+  join("a", 0);
+  join("b", 1);
+  ASSERT_EQ(jm_->Status().round(), 1);
+  // Spares, in this order; hint order and the journal's node map would put
+  // them the other way round.
+  for (const char* id : {"s9", "s2", "s5"}) {
+    join(id, id[1] - '0');
+    Advance(0.5, {"a", "b", "s9", "s2", "s5"});
+  }
+  Start(Options());  // the crash and restart
+  // They reconnect in another order: each keeps its place.
+  for (const char* id : {"s5", "b", "s2", "a", "s9"}) join(id, id[0] == 's' ? id[1] - '0' : id[0] - 'a');
+  v1::LeaveRequest leave;
+  leave.set_node_id("a");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  EXPECT_THAT(jm_->Status().message(), HasSubstr("spare node s9 takes the place of node a "));
+  leave.set_node_id("b");
+  ASSERT_TRUE(jm_->Leave(leave).ok());
+  EXPECT_THAT(jm_->Status().message(), HasSubstr("spare node s2 takes the place of node b "));
 }
 
 TEST_F(JournalRestartTest, OtherSettingsAreRefusedNamingTheDifference) {

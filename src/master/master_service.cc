@@ -220,8 +220,9 @@ grpc::ServerUnaryReactor* MasterService::ReportWorkersDone(grpc::CallbackServerC
 }
 
 grpc::ServerUnaryReactor* MasterService::ReportProgress(grpc::CallbackServerContext* ctx,
-                                                        const v1::ProgressReport* request, v1::Ack*) {
-  return Unary(ctx, "ReportProgress", [&] { return ToGrpcStatus(job_->ReportProgress(*request)); });
+                                                        const v1::ProgressReport* request,
+                                                        v1::ProgressResponse* response) {
+  return Unary(ctx, "ReportProgress", [&] { return ToGrpcStatus(job_->ReportProgress(*request, response)); });
 }
 
 grpc::ServerUnaryReactor* MasterService::ReportCheckResult(grpc::CallbackServerContext* ctx,

@@ -43,7 +43,7 @@ class MasterService final : public v1::Master::CallbackService {
   grpc::ServerUnaryReactor* ReportWorkersDone(grpc::CallbackServerContext* ctx,
                                               const v1::WorkersDoneRequest* request, v1::Ack* response) override;
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx, const v1::ProgressReport* request,
-                                           v1::Ack* response) override;
+                                           v1::ProgressResponse* response) override;
   grpc::ServerUnaryReactor* ReportCheckResult(grpc::CallbackServerContext* ctx, const v1::CheckResult* request,
                                               v1::Ack* response) override;
   grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* ctx, const v1::KvSetRequest* request,

@@ -81,6 +81,13 @@ std::vector<NodeSpec> Rendezvous::Ordered() const {
   return out;
 }
 
+std::vector<NodeId> Rendezvous::JoinOrder() const {
+  std::vector<NodeId> out;
+  out.reserve(entries_.size());
+  for (const auto& e : entries_) out.push_back(e.spec.node_id);  // entries_ is in join order
+  return out;
+}
+
 std::optional<World> Rendezvous::Form() const { return FormImpl(OrderedEntries()); }
 
 std::optional<World> Rendezvous::FormFrom(const std::vector<NodeId>& candidates) const {

@@ -100,6 +100,9 @@ class Rendezvous {
 
   // Participants in rank order.
   std::vector<NodeSpec> Ordered() const;
+  // Participants in the order they joined (a reconnect keeps its place): the
+  // longest-waiting first.
+  std::vector<NodeId> JoinOrder() const;
   double last_join_time() const { return last_join_time_; }
   const RendezvousConfig& config() const { return config_; }
 

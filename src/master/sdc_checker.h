@@ -14,6 +14,7 @@
 // Ownership: plain value type. Thread safety: none (the JobMaster's lock).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -41,6 +42,9 @@ class SdcChecker {
   // A new round (other ranks, another world): fingerprints not judged yet are dropped.
   void NewRound() { pending_.clear(); }
   int64_t last_agreed_step() const { return last_agreed_; }
+  // A restarted master takes back the agreed step its agents heard from the
+  // one before it (ProgressReport.sdc_agreed_step): only ever newer.
+  void NoteAgreed(int64_t step) { last_agreed_ = std::max(last_agreed_, step); }
 
  private:
   struct Entry {

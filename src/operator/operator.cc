@@ -262,6 +262,11 @@ void Operator::Reconcile(const std::string& key) {
     }
     std::string how = "its pod is gone";
     bool deleting = true;
+    // A master that saw its job suspended stops and exits so, touching
+    // nothing: the suspension, not a failure, ended it (even when this
+    // operator never saw the job suspended: suspend and resume within a
+    // moment).
+    bool stopped_suspended = false;
     if (current.ok()) {
       const std::string mphase = kube::Str(*current, {"status", "phase"});
       deleting = kube::Find(*current, {"metadata", "deletionTimestamp"}) != nullptr;
@@ -273,6 +278,7 @@ void Operator::Reconcile(const std::string& key) {
       // that was killed (a signal, the OOM killer), evicted or deleted is
       // replaced.
       const int64_t code = MasterExitCode(*current);
+      stopped_suspended = code == k8s::kMasterExitSuspended;
       if (!deleting && (code == 0 || code == 1 || code == 2)) {
         const std::string msg = code == 0 ? "job succeeded (its master exited 0)"
                                           : absl::StrCat("job failed: its master exited ", code, " (", how,
@@ -286,14 +292,21 @@ void Operator::Reconcile(const std::string& key) {
         return;
       }
     }
-    if (phase == "Suspended") {
-      // Resuming: its master was deleted for the suspension, not lost.
+    if (phase == "Suspended" || stopped_suspended) {
+      // Resuming: its master was deleted or stopped for the suspension, not
+      // lost (the master never overwrites the phase Suspended: its status
+      // writes are conditional on a read that shows the job not suspended).
       if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "resuming: starting a new master"},
                              {"masterGeneration", next_generation}})
                .ok()) {
         return;
       }
-      Event(job, "Resumed", "spec.suspend is false: starting a new master (the job resumes from its checkpoints)",
+      Event(job, "Resumed",
+            phase == "Suspended"
+                ? "spec.suspend is false: starting a new master (the job resumes from its checkpoints)"
+                : absl::StrCat("master pod ", current_name, " stopped for a suspension that was lifted before its "
+                               "pods were deleted; starting master ", next_generation,
+                               ", which takes the job over"),
             false);
     } else if (restarts >= options_.max_master_restarts) {
       // The master ended, but the job did not finish: it crashed, was evicted or deleted.

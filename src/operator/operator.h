@@ -10,7 +10,12 @@
 //  - finished (status Succeeded/Failed): nothing (the pods that succeeded stay
 //    for their logs; deleting the job deletes everything);
 //  - spec.suspend: the master and worker pods are deleted, status Suspended;
-//    resuming starts a new master (the job resumes from its checkpoints);
+//    resuming starts a new master (the job resumes from its checkpoints),
+//    event Resumed. The master fences itself on the suspension
+//    (scheduler/kubernetes/job_fence.h: it replaces no pod and never writes
+//    over the phase Suspended), so whichever of the two sees it first, the
+//    pods stay deleted; a master that exited kMasterExitSuspended is followed
+//    by the next one as a resume, never as a master restart;
 //  - else: the job token Secret, the master's ServiceAccount and RoleBinding
 //    (to ClusterRole ballast-master), the master Service, and a master pod
 //    <job>-master-<generation>. A master that exited by itself decided the

@@ -78,7 +78,12 @@ class JobHarness:
         return [e for e in evs if e["involvedObject"].get("name") == self.name]
 
     def reasons(self):
-        return [e["reason"] for e in sorted(self.events(), key=lambda e: e.get("lastTimestamp") or "")]
+        """The job's event reasons in the order the API server stored them (resourceVersion: one etcd
+        revision counter; the timestamps have whole seconds only)."""
+        def stored(e):
+            rv = e["metadata"].get("resourceVersion", "")
+            return (0, int(rv), "") if rv.isdigit() else (1, 0, e.get("lastTimestamp") or "")
+        return [e["reason"] for e in sorted(self.events(), key=stored)]
 
     def debug(self):
         evs = "\n".join(f"  {e['type']} {e['reason']}: {e['message']}" for e in self.events())

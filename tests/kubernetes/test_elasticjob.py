@@ -14,6 +14,7 @@ deleting the job deletes everything it made.
 """
 import os
 import signal
+import time
 import unittest
 
 from _jobs import JobTestCase, done_ranks, min_step, sleep_job, train_job, wait_steps, worlds_seen
@@ -179,19 +180,33 @@ class ElasticJobTest(JobTestCase):
         self.k.kubectl("-n", self.ns, "patch", "elasticjob", "suspend", "--type=merge", "-p",
                        '{"spec": {"suspend": true}}')
         j.wait_phase("Suspended", 60)
-        self.k.wait(lambda: not [p for p in self.k.pods(self.ns, "ballast.dev/job=suspend")
-                                 if not p["metadata"].get("deletionTimestamp")], 60, "every pod of the job stopped")
+
+        def live_pods():
+            return [p["metadata"]["name"] for p in self.k.pods(self.ns, "ballast.dev/job=suspend")
+                    if not p["metadata"].get("deletionTimestamp")]
+        self.k.wait(lambda: not live_pods(), 60, "every pod of the job stopped")
+        # Suspension fences the master: whichever of it and the operator saw the
+        # suspension first, no pod comes back while the job is suspended (the master
+        # replaced the deleted pods when its pod watch was first), and the phase stays.
+        time.sleep(2)
+        self.assertEqual(live_pods(), [], "a pod created for the suspended job: " + j.debug())
+        self.assertEqual(j.status().get("phase"), "Suspended", j.debug())
         stopped_at = min_step(self.out, range(2))
         self.k.kubectl("-n", self.ns, "patch", "elasticjob", "suspend", "--type=merge", "-p",
                        '{"spec": {"suspend": false}}')
-        j.wait_phase("Succeeded", 240)
+        st = j.wait_phase("Succeeded", 240)
         self.assertEqual(done_ranks(self.out, 2), [0, 1], j.debug())
         from _jobs import read_events
         resumed = [e["step"] for e in read_events(self.out, 0) if e["event"] == "start"][-1]
         self.assertGreater(resumed, 0, "the resumed workers started from the checkpoint, not from step 0")
         self.assertLessEqual(resumed, stopped_at + 1)
-        self.assertIn("Suspended", j.reasons())
-        self.assertIn("Resumed", j.reasons())
+        # The whole story, in the order the API server stored it: no pod replaced, no
+        # master restarted; the resume is a Resumed and a new master.
+        self.assertEqual(j.reasons(), ["MasterCreated", "Started", "Suspended", "Resumed", "MasterCreated",
+                                       "Started", "Succeeded"], j.debug())
+        self.assertEqual(st.get("masterRestarts", 0), 0, j.debug())
+        self.assertEqual(st.get("replacements", 0), 0, j.debug())
+        self.assertEqual(st["masterGeneration"], 2, j.debug())
 
     def test_deleting_the_job_deletes_every_pod_service_and_secret(self):
         j = self.harness("gc")

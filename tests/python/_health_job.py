@@ -30,9 +30,9 @@ class HealthJob(TestCase):
                 events = [json.loads(line) for line in f if line.strip()]
         return p.returncode, log, events, out
 
-    def reference(self, skip, script_args=(), **shape):
+    def reference(self, skip, script_args=(), name="reference", **shape):
         """The same job, no fault, `skip` samples skipped from the start."""
-        rc, log, events, _ = self.launch("reference", env={"BALLAST_SKIP_DATA": skip}, script_args=script_args,
+        rc, log, events, _ = self.launch(name, env={"BALLAST_SKIP_DATA": skip}, script_args=script_args,
                                          **shape)
         self.assertEqual(rc, 0, log[-6000:])
         return events[-1]

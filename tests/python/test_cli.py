@@ -1,4 +1,6 @@
-"""`ballast ckpt ls|inspect|verify|export` end to end, against the real binary."""
+"""`ballast ckpt ls|inspect|verify|export` end to end, against the real binary;
+and the count flags of launch, run, master, slurm and simulate: a negative or
+out-of-range value is a usage error that says what to pass."""
 
 import os
 import subprocess
@@ -92,6 +94,88 @@ class CkptCli(TestCase):
         out = self.ballast("export", empty, "--to", os.path.join(self.tmp, "x.pt"), rc=1)
         self.assertIn("ballast ckpt ls", out)
         self.assertIn("usage", self.ballast("frobnicate", rc=2))
+
+
+class CountFlags(unittest.TestCase):
+    """Every count-like flag refuses a negative (or too large) value with a
+    plain message naming the flag and the value, not CLI11's 309-digit range,
+    and before anything starts (no master, no agent)."""
+
+    SCRIPT = "train.py"
+
+    def refused(self, argv, flag, want):
+        p = subprocess.run([BIN, *argv], capture_output=True, text=True, timeout=30)
+        err = p.stderr
+        self.assertEqual(p.returncode, 2, (argv, p.stdout, err))
+        self.assertIn(f"{flag} {want}", err, argv)
+        self.assertLess(len(err), 400, err)  # one plain line (and the --help hint)
+        self.assertNotRegex(err, r"\d{30}", err)
+        return err
+
+    def test_job_commands(self):
+        # (flag, value, what the message says); launch and slurm share these
+        # (cli/job_driver.cc), --spares and --start-nodes are their own.
+        job = [("--nproc-per-node", "-1", "must be a positive count (got -1)"),
+               ("--nproc_per_node", "0", "must be a positive count (got 0)"),
+               ("--nproc-per-node", "99999999999", "must be a positive count, at most 2147483647 (got 99999999999)"),
+               ("--max-restarts", "-1", "must be a count of 0 or more (got -1)"),
+               ("--node-unit", "-2", "must be a positive count (got -2)"),
+               ("--max-replacements", "-1", "must be a count of 0 or more (got -1)"),
+               ("--port", "-1", "must be a port from 0 to 65535 (0: any free port) (got -1)"),
+               ("--port", "70000", "must be a port from 0 to 65535 (0: any free port) (got 70000)"),
+               ("--http-port", "-5", "must be a port from 0 to 65535 (0: any free port), or -1 for off (got -5)"),
+               ("--hang-timeout", "-1", "must be a number of seconds >= 0 (got -1)"),
+               ("--ckpt-replicas", "-1", "must be a count from 0 to 8 (0: off) (got -1)"),
+               ("--max-rollbacks", "-1", "must be a count of 0 or more (got -1)"),
+               ("--replica-check-every", "-10", "must be a count of 0 or more (got -10)"),
+               ("--spares", "-1", "must be a count of 0 or more (got -1)")]
+        for cmd in ("launch", "slurm"):
+            for flag, value, want in job:
+                with self.subTest(cmd=cmd, flag=flag, value=value):
+                    name = flag.replace("_", "-")
+                    self.refused([cmd, "--nodes", "2", flag, value, self.SCRIPT], name, want)
+        self.refused(["launch", "--nodes", "2", "--start-nodes", "-1", self.SCRIPT], "--start-nodes",
+                     "must be a positive count (got -1)")
+        self.refused(["launch", "--nodes", "-1", self.SCRIPT], "--nodes", "'-1' is not valid: use N or MIN:MAX")
+
+    def test_master(self):
+        for flag, value, want in (("--max-restarts", "-1", "must be a count of 0 or more (got -1)"),
+                                  ("--node-unit", "0", "must be a positive count (got 0)"),
+                                  ("--port", "-1", "must be a port from 0 to 65535 (0: any free port) (got -1)"),
+                                  ("--http-port", "65536",
+                                   "must be a port from 0 to 65535 (0: any free port), or -1 for off (got 65536)"),
+                                  ("--last-call", "-1", "must be a number of seconds >= 0 (got -1)"),
+                                  ("--heartbeat-timeout", "-3", "must be a number of seconds > 0 (got -3)"),
+                                  ("--wait-for-nodes", "-1", "must be a number of seconds >= 0 (got -1)"),
+                                  ("--max-rollbacks", "-1", "must be a count of 0 or more (got -1)")):
+            with self.subTest(flag=flag):
+                self.refused(["master", "--nnodes", "1", flag, value], flag, want)
+        self.refused(["master", "--nnodes", "-1"], "--nnodes", "'-1' is not valid: use N or MIN:MAX")
+
+    def test_simulate(self):
+        for flag, value, want in (("--gpus", "-8", "must be a positive count (got -8)"),
+                                  ("--gpus-per-node", "0", "must be a positive count (got 0)"),
+                                  ("--steps", "-1", "must be a count of 0 or more (got -1)"),
+                                  ("--spares", "-1", "must be a count of 0 or more (got -1)"),
+                                  ("--seed", "-1", "must be a count of 0 or more (got -1)"),
+                                  ("--node-replacement", "-60", "must be a number of seconds >= 0 (got -60)"),
+                                  ("--ballast-restart", "-1", "must be a number of seconds >= 0 (got -1)")):
+            with self.subTest(flag=flag):
+                self.refused(["simulate", flag, value], flag, want)
+
+    def test_run(self):
+        # `ballast run` parses torchrun's flags itself (agent/run_options.cc).
+        for flag, value, want in (("--nproc-per-node", "-1", "must be at least 1 (got -1)"),
+                                  ("--max-restarts", "-1", "must be >= 0 (got -1)"),
+                                  ("--nnodes", "-1", "'-1' is not valid: use N or MIN:MAX"),
+                                  ("--node-rank", "-1", "must be >= 0"),
+                                  ("--node-unit", "0", "must be at least 1"),
+                                  ("--master-port", "-1", "must be in 1..65535"),
+                                  ("--hang-timeout", "-1", "must be >= 0 seconds"),
+                                  ("--max-rollbacks", "-1", "must be >= 0")):
+            with self.subTest(flag=flag):
+                self.refused(["run", "--rdzv-endpoint", "127.0.0.1:1", flag, value, self.SCRIPT], flag + ":"
+                             if flag != "--nnodes" else flag, want)
 
 
 if __name__ == "__main__":

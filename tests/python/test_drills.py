@@ -13,6 +13,7 @@ health (nan, bitflip) are in test_health.py.
 
 import json
 import os
+import re
 import subprocess
 import time
 import unittest
@@ -62,11 +63,22 @@ class ChaosDrills(HealthJob):
         self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: node-lost, node node-1 \(node rank 1\)")
 
     def test_the_master_killed_at_a_step_costs_no_worker_restart(self):
-        args = ["--steps", "40", "--step-time", "0.1"]  # progress reaches the master every 2 s
+        # Periodic progress reaches the master every 2 s (20 steps here): the
+        # agents report their step the moment it reaches 6, so the kill comes
+        # at step 6, not at the first periodic report after it (~step 21).
+        args = ["--steps", "40", "--step-time", "0.1"]
         rc, log, events, out = self.launch("master", "--journal", os.path.join(self.tmp, "journal"), "--chaos", "kill-master:at_step=6",
                                            script_args=args)
         self.assertEqual(rc, 0, log[-8000:])
-        self.assertRegex(log, r"chaos: kill-master \(every node at step \d+ or later\): SIGKILL to the master process")
+        for node in ("node-0", "node-1"):
+            m = re.search(r"chaos: kill-master:at_step=6 \(its workers at step (\d+)\): reporting this node's step to "
+                          rf"the master now node={node}", log)
+            self.assertIsNotNone(m, log[-8000:])
+            self.assertIn(int(m.group(1)), range(6, 10), m.group(0))  # the agent looks every 50 ms
+        m = re.search(r"chaos: kill-master \(every training node at step (\d+) or later\): SIGKILL to the master process",
+                      log)
+        self.assertIsNotNone(m, log[-8000:])
+        self.assertIn(int(m.group(1)), range(6, 10), m.group(0))
         self.assertIn("restarting it from the journal", log)
         self.assertIn("the job master restarted and resumed the job from its journal", log)
         starts = [e for e in events if e["ev"] == "start"]

@@ -17,6 +17,8 @@ is excluded and replaced, and the job rolls back to the last step all
 replicas agreed on.
 """
 
+import json
+import os
 import re
 import subprocess
 import unittest
@@ -79,9 +81,10 @@ class TrainingHealth(HealthJob):
         self.assertRegex(log, r"node-1 excluded from the job: its parameters diverged")
         self.assertIn("every checkpoint step from 5 on is dropped", log)
         starts = [e for e in events if e["ev"] == "start"]
-        # The replacement node has no memory of the old one: the world resumes
-        # from the newest persisted step before 5 (every third step persists).
-        self.assertEqual((starts[-1]["step"], starts[-1]["source"]), (3, "disk"), starts)
+        # Step 4 agreed: rank 0 resumes from its pinned copy in memory (the
+        # replacement node's ranks from disk: the target was persisted at its
+        # check, before the script's own persist of step 6).
+        self.assertEqual((starts[-1]["step"], starts[-1]["source"]), (4, "memory"), starts)
         done = events[-1]
         self.assertEqual((done["ev"], done["step"], done["finite"]), ("done", 14, True), done)
         self.assertIn("1 failure (1 sdc)", log)
@@ -92,10 +95,65 @@ class TrainingHealth(HealthJob):
         # No data is skipped for a corrupt replica: the result is the clean run's.
         self.assertEqual(done["sha256"], self.reference("")["sha256"])
 
+    def sdc_rolls_back_to_the_pinned_agreed_step(self, every, flip_rank, flip_step, agreed, steps):
+        """3 nodes x 1 worker, nothing persisted by the script: rank flip_rank's
+        weights get a flipped bit at flip_step; the next check blames its node,
+        which is excluded and replaced. Every rank of the new world must resume
+        from the step of the last agreed check (kept pinned in the survivors'
+        memory, persisted for the replacement), with exactly the clean run's
+        weights of that step, and the job must end with the clean run's."""
+        shape = dict(nodes=3, nproc=1)
+        job = ("--steps", str(steps), "--persist-every", "0", "--step-time", "0")
+        rc, log, events, out = self.launch(f"sdc-{every}", "--replica-check-every", str(every), "--chaos",
+                                           f"bitflip:rank={flip_rank},at_step={flip_step}", script_args=job, **shape)
+        self.assertEqual(rc, 0, log[-8000:])
+        self.assertRegex(log, r"node-%d excluded from the job: its parameters diverged" % flip_rank)
+        self.assertIn("every checkpoint step from %d on is dropped" % (agreed + 1), log)
+        with open(os.path.join(out, "starts.jsonl")) as f:
+            starts = [json.loads(line) for line in f if line.strip()]
+        last = max(s["round"] for s in starts)
+        resumed = sorted((s for s in starts if s["round"] == last), key=lambda s: s["rank"])
+        self.assertEqual([s["rank"] for s in resumed], [0, 1, 2], starts)
+        self.assertEqual({s["step"] for s in resumed}, {agreed}, resumed)
+        # The survivors from their own memory, the replacement's rank from the
+        # disk (nothing else holds its shard of that step).
+        self.assertEqual([s["source"] for s in resumed],
+                         ["disk" if r == flip_rank else "memory" for r in range(3)], resumed)
+        at_agreed = self.reference("", script_args=("--steps", str(agreed), "--persist-every", "0", "--step-time", "0"),
+                                   name="reference-at-agreed", **shape)
+        self.assertEqual({s["sha256"] for s in resumed}, {at_agreed["sha256"]}, resumed)
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"], done["finite"]), ("done", steps, True), done)
+        self.assertEqual(done["sha256"], self.reference("", script_args=job, **shape)["sha256"])
+        return log
+
+    def test_sdc_with_a_check_every_5_steps_resumes_from_the_pinned_agreed_step(self):
+        # Node 1 holds node 0's replicas: the excluded node is a survivor's replica partner.
+        self.sdc_rolls_back_to_the_pinned_agreed_step(every=5, flip_rank=1, flip_step=7, agreed=5, steps=14)
+
+    def test_sdc_with_a_check_every_100_steps_resumes_from_the_pinned_agreed_step(self):
+        # Node 2 holds node 1's replicas and sends its own to node 0; the
+        # agreed step (100) is 100 saves old when step 200 disagrees.
+        self.sdc_rolls_back_to_the_pinned_agreed_step(every=100, flip_rank=2, flip_step=150, agreed=100, steps=210)
+
+    def test_sdc_without_the_targets_persist_fails_naming_the_uncovered_rank(self):
+        # BALLAST_SDC_PERSIST=0 and nothing persisted by the script: the
+        # survivors hold step 5 pinned, but nothing holds rank 1's shard of it.
+        rc, log, events, out = self.launch("sdc-lost", "--replica-check-every", "5", "--chaos",
+                                           "bitflip:rank=1,at_step=7", env={"BALLAST_SDC_PERSIST": "0"},
+                                           script_args=("--persist-every", "0", "--step-time", "0"), nodes=3, nproc=1)
+        self.assertNotEqual(rc, 0, log[-6000:])
+        self.assertIn("every checkpoint step from 6 on is dropped", log)
+        self.assertRegex(log, r"CheckpointLostError: ranks 0, 2 hold step 5 in memory, but no checkpoint in memory, "
+                              r"in a peer's replica or on disk covers step 5 for ranks 1 of this world of 3")
+        self.assertIn("checkpoint-lost", log)
+        with open(os.path.join(out, "starts.jsonl")) as f:
+            self.assertEqual([json.loads(line)["round"] for line in f if line.strip()].count(1), 3)
+
     def test_bad_flags_get_a_clear_error(self):
         for flags, want in ((["--on-nan", "retry"], "--on-nan must be rollback, fail or ignore"),
                             (["--loss-spike", "0.5"], "--loss-spike must be a z-score >= 1"),
-                            (["--max-rollbacks", "-1"], "--max-rollbacks must be >= 0")):
+                            (["--max-rollbacks", "-1"], "--max-rollbacks must be a count of 0 or more (got -1)")):
             p = subprocess.run([BIN, "launch", "--nodes", "1", *flags, SCRIPT], capture_output=True, text=True,
                                timeout=30)
             self.assertEqual(p.returncode, 2, p.stderr)

@@ -16,8 +16,16 @@ with the same command line. Each time:
 itself (its supervisor); a test kills that process twice and checks nobody
 has to step in. A further case cuts the journal's tail (a torn write) and corrupts it before a
 restart: the master resumes from the last good record.
+
+A rollback survives the master's crash: under `ballast launch --journal`, a
+NaN loss at step 6 rolls the job back and drops every checkpoint step from 6
+on, step 6's commit included; the master process is SIGKILLed right after
+that decision. The restarted master must resume below the rollback: the
+rollback round restarts from step 5, and the re-trained step 6 commits again
+(a master that replayed step 6's old commit would take it for done).
 """
 
+import json
 import os
 import random
 import re
@@ -220,6 +228,46 @@ class MasterCrashTest(unittest.TestCase):
             self.assertRegex(self.log("master.log"), r"cut off \d+ bytes at the end of .*journal.log")
         self.finish(agents, restarts=0)
         self.assertIn("checksum does not match", self.log("master.log"))
+
+    def test_master_killed_after_a_rollback_resumes_below_the_rollback_step(self):
+        # 2 nodes x 2 workers of tests/integration/scripts/health_train.py:
+        # every step flash-saved, every third persisted (3, 6, 9, 12), keep 3.
+        # Rank 1's batch of step 6 is NaN: the NaN weights are saved at step
+        # 6 (and persisted and usually committed) before the loss is reported;
+        # the job rolls back to step 5, dropping every step from 6 on.
+        script = os.path.join(ROOT, "tests", "integration", "scripts", "health_train.py")
+        out, journal = os.path.join(self.tmp, "out"), os.path.join(self.tmp, "journal")
+        os.makedirs(out)
+        job = self.spawn([BIN, "launch", "--python", PYTHON, "--nodes", "2", "--nproc-per-node", "2",
+                          "--journal", journal, "--http-port", "-1", script, "--out", out, "--step-time", "0.3",
+                          "--nan-step", "6", "--bad-rank", "1"], "launch.log", env={"OMP_NUM_THREADS": "1"})
+        # The rollback round is on disk before the master pushes it to the
+        # agents: kill the master process once it did.
+        wait_for("the rollback round", lambda: re.search(r"node=node-1 round=2 decision=start_round",
+                                                         self.log("launch.log")), 120, interval=0.05)
+        log = self.log("launch.log")
+        self.assertIn("every checkpoint step from 6 on is dropped everywhere", log)
+        pid = int(re.findall(r"master process pid (\d+) \(incarnation", log)[-1])
+        os.kill(pid, signal.SIGKILL)
+        job.wait(timeout=180)
+        log = self.log("launch.log")
+        self.assertEqual(job.returncode, 0, log[-8000:])
+        self.assertEqual(log.count("resumed the job from its journal"), 1, log[-8000:])
+        with open(os.path.join(out, "events.jsonl")) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        starts = [e for e in events if e["ev"] == "start"]
+        # The rollback round resumed below the bad step, and only once.
+        self.assertEqual([(e["round"], e["step"]) for e in starts], [(1, 0), (2, 5)], starts)
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"], done["finite"], done["latest"]), ("done", 14, True, 12), done)
+        # The re-trained step 6 committed again: it is one of the 3 newest
+        # complete steps (keep 3), not an incomplete leftover that retention
+        # deleted (which a restarted master that replayed round 1's commit of
+        # step 6, as if it still stood, leaves behind).
+        ckpt = os.path.join(out, "ckpt")
+        complete = sorted(int(d.split("-")[1]) for d in os.listdir(ckpt)
+                          if d.startswith("step-") and os.path.exists(os.path.join(ckpt, d, "COMPLETE")))
+        self.assertEqual(complete, [6, 9, 12], (os.listdir(ckpt), log[-8000:]))
 
 
 if __name__ == "__main__":

@@ -122,6 +122,29 @@ class ObserveTest(unittest.TestCase):
         def job_doc():
             return json.loads(http_get(base + "/api/v1/job", token))
 
+        # The step-rate chart, in a real browser, from the first reported step
+        # on: never "no steps yet" once the nodes reported steps; a line as
+        # soon as the master has two samples of the world's step (the
+        # agents report every 2 s).
+        def rate_chart():
+            d = self.chromium(url, "--dump-dom").stdout
+            m = re.search(r'<svg id="rate"[^>]*>(.*?)</svg>', d, re.S)
+            return m.group(1) if m and "<text" in m.group(1) else None
+
+        wait_for("a step on the nodes", lambda: any(int(n["last_step"]) > 0 for n in job_doc()["nodes"]), 90,
+                 interval=0.2)
+        chart = wait_for("the step-rate chart", rate_chart, 60, interval=1)
+        self.assertNotIn("no steps yet", chart)
+        self.assertTrue("<polyline" in chart or re.search(r"step \d+ reached: the rate shows at the next progress "
+                                                          r"report", chart), chart)
+        wait_for("two samples of the world's step", lambda: len(job_doc()["step_history"]) >= 2, 30, interval=0.2)
+        chart = wait_for("the step-rate chart", rate_chart, 60, interval=1)
+        self.assertIn("<polyline", chart)
+        self.assertRegex(chart, r'id="rate-now"[^>]*>[0-9.]+ steps/s<')
+        rate = float(re.search(r'id="rate-now"[^>]*>([0-9.]+) steps/s<', chart).group(1))
+        self.assertGreater(rate, 0, chart)
+        print(f"\nstep-rate chart from the first samples: {rate} steps/s", flush=True)
+
         wait_for("steps", lambda: job_doc()["goodput"]["known"] and int(job_doc()["goodput"]["high_water_step"]) >= 20,
                  90)
         prom = self.start_prometheus(parsed.netloc, token)

@@ -10,17 +10,23 @@ certificates: a CA, the master's certificate (for 127.0.0.1) and an agent's.
   - `ballast launch --tls-cert --tls-key` (a self-signed certificate) runs a
     job end to end, also with `--journal` (its master in a child process);
   - bad flags (a certificate without its key, a missing file) are usage
-    errors that say what to pass.
+    errors that say what to pass;
+  - a TLS handshake that takes seconds (a loaded machine; here a proxy that
+    holds the master's first bytes) is waited for: the agent hears the
+    master's answer (its wrong token), not "cannot reach".
 """
 
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
+import time
 import unittest
 
-from _util import free_port
+from _util import free_port, wait_for
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
@@ -47,6 +53,56 @@ def make_cert(d, name, ca, san):
         f.write(f"subjectAltName={san}\n")
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
             "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+
+
+class SlowProxy:
+    """A TCP proxy to 127.0.0.1:port that holds what the server sends on a
+    connection until `delay` s after the connection was accepted (the client's
+    bytes pass at once): every TLS handshake through it takes `delay` s."""
+
+    def __init__(self, port, delay):
+        self.port, self.delay = port, delay
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            start = time.monotonic()
+            threading.Thread(target=self.pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(upstream, client, start + self.delay), daemon=True).start()
+
+    @staticmethod
+    def pipe(src, dst, hold_until):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if hold_until is not None:
+                    time.sleep(max(0.0, hold_until - time.monotonic()))
+                    hold_until = None
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
 
 
 class TlsTest(unittest.TestCase):
@@ -116,10 +172,12 @@ class TlsTest(unittest.TestCase):
             p = self.agent(port, 0, tls, f"{name}.log", env=env)
             self.assertEqual(p.wait(timeout=60), 1, self.log(f"{name}.log"))
             out = self.log(f"{name}.log")
-            if name == "bad-token":
-                self.assertIn("refused this agent's token", out)
-            else:
-                self.assertIn("TLS", out, out)
+            # What to pass, for each side that lacks something.
+            self.assertIn({"plain": "a master that serves TLS does that to an agent without TLS; pass --tls-ca",
+                           "no-client-cert": "a master with mutual TLS does that to an agent without a client "
+                                             "certificate (the TLS handshake itself went through); pass --tls-cert",
+                           "other-ca": "a TLS handshake failed",
+                           "bad-token": "refused this agent's token"}[name], out)
 
         agents = [self.agent(port, r, client, f"agent{r}.log") for r in (0, 1)]
         status = subprocess.run([BIN, "status", "--master", f"127.0.0.1:{port}", "--json", *client],
@@ -132,6 +190,30 @@ class TlsTest(unittest.TestCase):
         self.assertIn("succeeded", self.log("master.log"))
         # The refused ones never joined.
         self.assertNotIn("join refused", self.log("master.log"))
+
+    def test_a_slow_handshake_still_hears_the_masters_answer(self):
+        # 3 s per handshake: more than gRPC's reconnect backoff (<= 2.4 s with
+        # jitter), which the connection attempts' own deadline once followed,
+        # so every attempt was cut off before the master's answer.
+        port = free_port()
+        self.spawn([BIN, "master", "--nnodes", "2", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+                    "--port", str(port), "--http-port", "-1", "--tls-cert", self.c("master.pem"),
+                    "--tls-key", self.c("master.key"), "--tls-ca", self.c("ca.pem")], "master.log")
+        def listening():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        wait_for("the master to listen", listening, 30)
+        proxy = SlowProxy(port, delay=3.0)
+        self.addCleanup(proxy.close)
+        client = ["--tls-ca", self.c("ca.pem"), "--tls-cert", self.c("agent.pem"), "--tls-key", self.c("agent.key")]
+        p = self.spawn([BIN, "run", "--rdzv-endpoint", proxy.address, "--nnodes", "2", "--nproc-per-node", "1",
+                        "--local-addr", "127.0.0.1", "--python", PYTHON, *client, TRAIN], "slow.log",
+                       self.env(BALLAST_TOKEN="wrong", BALLAST_CONNECT_TIMEOUT_S="8"))
+        self.assertEqual(p.wait(timeout=60), 1, self.log("slow.log"))
+        out = self.log("slow.log")
+        self.assertIn("refused this agent's token", out)
+        self.assertNotIn("not reachable yet", out)  # the first handshake was waited for
+        self.assertEqual(proxy.accepted, 1)
 
     def test_launch_with_a_self_signed_certificate(self):
         job = self.spawn([BIN, "launch", "--nodes", "2", "--nproc-per-node", "1", "--python", PYTHON,

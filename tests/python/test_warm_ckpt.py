@@ -129,13 +129,14 @@ class WarmRestartWithCheckpoints(TestCase):
         # `ballast launch --spares 1`: a third agent waits outside the world.
         # Its interpreters take in the modules the training nodes publish (the
         # run waits for all three nodes' "ready ... N modules" lines before the
-        # fault). The lost node's place goes to a waiting node (the spare, or
-        # the lost node's own replacement when it joined before the loss was
-        # declared), which starts warm and loads the lost ranks from the
-        # survivor's replica; the other one stays waiting.
+        # fault). The lost node's place goes to the spare that waited longest
+        # (node-2, not the lost node's own replacement node-1-2 even when that
+        # joined before the loss was declared: it has node-1's lower node
+        # rank), which starts warm and loads the lost ranks from the
+        # survivor's replica; the replacement stays waiting.
         out, log = self.run_job(TORCH1, "node-loss", spares=1)
         self.check(out, log, "node-loss")
-        self.assertRegex(log, r"spare node \S+ takes the place of node node-1 ")
+        self.assertRegex(log, r"spare node node-2 takes the place of node node-1 ")
         self.assertIn("starting 3 agent(s) (nodes 2 + 1 spare(s)", log)
         rounds = [int(r) for r in re.findall(r"round=(\d+) starts:", log)]
         self.assertEqual(rounds, [1, 2], "one new round for the loss, none for a node that joins as a spare")

@@ -43,6 +43,11 @@ inline constexpr char kMasterEndpointAnnotation[] = "ballast.dev/master-endpoint
 inline constexpr char kMasterLeaseEnv[] = "BALLAST_MASTER_LEASE";
 // How long agents wait for a lost master (Tunables reconnect_timeout_s).
 inline constexpr char kReconnectTimeoutEnv[] = "BALLAST_RECONNECT_TIMEOUT_S";
+// The exit code of a job master that stopped because its job was suspended
+// (or deleted): it touched nothing after it saw that. The operator starts the
+// next master when the job is resumed, as a resume (event Resumed), never as
+// a master restart. (3: it lost the job's Lease to another master.)
+inline constexpr int kMasterExitSuspended = 4;
 
 struct ElasticJobSpec {
   std::string ns, name, uid;

@@ -66,6 +66,11 @@ void JobStatusWriter::SetGate(std::function<bool()> may_write) {
   may_write_ = std::move(may_write);
 }
 
+void JobStatusWriter::SetFence(JobFence* fence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fence_ = fence;
+}
+
 void JobStatusWriter::Enqueue(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -89,6 +94,17 @@ void JobStatusWriter::Patch(const Json& fields) {
                {"metadata", {{"name", job_.name}, {"namespace", job_.ns}}},
                {"status", applied_}};
   Enqueue([this, body = std::move(body)] {
+    JobFence* fence;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fence = fence_;
+    }
+    if (fence != nullptr) {
+      // Not over a suspension the operator wrote meanwhile (the fence drops it).
+      absl::Status s = fence->ApplyStatus(body, "ballast-master");
+      if (!s.ok() && !absl::IsFailedPrecondition(s)) spdlog::warn("kubernetes: {}", std::string(s.message()));
+      return;
+    }
     auto r = client_->Apply(JobPath(job_) + "/status", body, "ballast-master",
                             absl::StrCat("update the status of ElasticJob ", job_.Describe()));
     if (!r.ok()) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
@@ -101,6 +117,17 @@ void JobStatusWriter::Event(const std::string& reason, const std::string& messag
   ev["reportingComponent"] = "ballast.dev/master";
   ev["reportingInstance"] = pod_name_.empty() ? job_.MasterName() : pod_name_;
   Enqueue([this, ev = std::move(ev)] {
+    JobFence* fence;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fence = fence_;
+    }
+    // A suspended job's events are the operator's (Suspended, Resumed): none
+    // from a master that had not seen the suspension when it decided this.
+    if (fence != nullptr) {
+      absl::StatusOr<bool> suspended = fence->Confirm();
+      if (suspended.ok() && *suspended) return;
+    }
     auto r = client_->Create(kube::CollectionPath("v1", "events", job_.ns), ev,
                              absl::StrCat("create an event for ElasticJob ", job_.Describe()));
     if (!r.ok()) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
@@ -262,7 +289,20 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     PrintError("no job token: BALLAST_TOKEN must hold the job's Secret (the operator sets it)");
     return 1;
   }
+  // A suspended job fences its master (job_fence.h): from the moment it is
+  // seen suspended this master touches no pod and writes nothing.
+  JobFence fence(&client, *job);
+  fence.Observe(*obj);
+  auto stop_suspended = [&] {
+    std::fprintf(stderr, "ballast master: %s: this master does nothing; set spec.suspend to false to resume the job "
+                         "(the operator starts a new master)\n",
+                 fence.why().c_str());
+    return kMasterExitSuspended;
+  };
+  if (fence.fenced()) return stop_suspended();
+  fence.Start();
   JobStatusWriter status(&client, *job, o.pod_name);
+  status.SetFence(&fence);
   // One master acts for the job at a time: it holds the job's Lease, whose
   // annotation tells agents where it serves (they look when they lose it).
   const std::string identity = o.pod_name.empty() ? absl::StrCat(HostName(), "-", getpid()) : o.pod_name;
@@ -283,7 +323,11 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   });
   if (!acquired.ok()) return 128 + signal->load();
   const double lease_wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - lease_wait).count();
-  status.SetGate([&lease] { return lease.held(); });
+  status.SetGate([&lease, &fence] { return lease.held() && !fence.fenced(); });
+  if (fence.fenced()) {  // suspended while it waited for the Lease
+    lease.Release();
+    return stop_suspended();
+  }
   // The state the job's last master kept outside its pod: a master pod that
   // replaces a lost one resumes the job from it (the worker pods train on).
   MasterStateStore store(&client, *job, identity);
@@ -326,9 +370,15 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   mo.exclude_stragglers = job->exclude_stragglers;
   mo.health = job->health;
   std::atomic<NodeManager*> manager{nullptr};
-  NodeCallbacks forward = ForwardTo(&manager);
-  mo.on_node_lost = forward.lost;
-  mo.on_node_excluded = forward.excluded;
+  // The master's notices (a node lost, excluded) reach the NodeManager
+  // through the FencedScheduler, once the job is confirmed not suspended.
+  std::atomic<FencedScheduler*> fenced_slot{nullptr};
+  mo.on_node_lost = [&fenced_slot](const std::string& id, const std::string& reason) {
+    if (FencedScheduler* f = fenced_slot.load()) f->OnNodeLost(id, reason);
+  };
+  mo.on_node_excluded = [&fenced_slot](const std::string& id, const std::string& reason) {
+    if (FencedScheduler* f = fenced_slot.load()) f->OnNodeExcluded(id, reason);
+  };
   mo.journal_dir = o.journal_dir;
   mo.http_port = o.http_port;
   mo.metrics_public = o.metrics_public;
@@ -340,7 +390,9 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   }
   master::MasterServer& m = **server;
   MasterStateMirror mirror_state(&store, [&m](uint64_t seq) { return m.JournalStateAfter(seq); });
-  auto may_act = [&lease, &mirror_state] { return lease.held() && !mirror_state.fenced(); };
+  auto may_act = [&lease, &mirror_state, &fence] {
+    return lease.held() && !mirror_state.fenced() && !fence.fenced();
+  };
   spdlog::info("ElasticJob {}: master on {} (agents dial {}); nodes {}:{} x {} workers, {} spare(s)",
                job->Describe(), absl::StrCat(o.bind_host, ":", m.port()), m.address(), job->min_nodes,
                job->max_nodes, job->nproc_per_node, job->spares);
@@ -372,9 +424,17 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
   nmo.on_event = [&status](const std::string& reason, const std::string& message, bool warning) {
     status.Event(reason, message, warning);
   };
-  NodeManager nodes(sched->get(), nmo);
+  FencedScheduler fenced(sched->get(), &fence, ForwardTo(&manager));
+  fenced_slot.store(&fenced);
+  NodeManager nodes(&fenced, nmo);
   manager.store(&nodes);
-  if (absl::Status s = nodes.Start(); !s.ok()) m.Abort(std::string(s.message()));
+  // Its first pods too only once the job, read now, is not suspended (the
+  // operator may have started this master just before a suspension).
+  if (absl::StatusOr<bool> suspended = fence.Confirm(); suspended.ok() && *suspended) {
+    spdlog::warn("ElasticJob {}: suspended before this master created its worker pods", job->Describe());
+  } else if (absl::Status s = nodes.Start(); !s.ok()) {
+    m.Abort(std::string(s.message()));
+  }
   if (m.resumed()) {
     const v1::JobStatus st = m.Status();
     if (!took_over_from.empty()) {
@@ -430,7 +490,10 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     // another master holds the job's Lease now. Never touch the worker pods
     // here: they train on (the pods of a deleted or suspended job are
     // deleted by the garbage collector or the operator).
-    if (!may_act()) {
+    if (fence.fenced()) {
+      spdlog::warn("ElasticJob {}: this master stops acting for the job: {}; resuming it starts a new master",
+                   job->Describe(), fence.why());
+    } else if (!may_act()) {
       spdlog::error("ElasticJob {}: this master stops acting for the job: {}", job->Describe(),
                     mirror_state.fenced() ? mirror_state.fenced_why()
                                           : absl::StrCat("it lost the job's Lease (", lease.lost_reason(), ")"));
@@ -442,6 +505,8 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     mirror_state.Stop(/*final_save=*/may_act());
     m.Shutdown(0);
     lease.Release();
+    fenced_slot.store(nullptr);
+    if (fence.fenced()) return kMasterExitSuspended;
     return sig != 0 ? 128 + sig : 3;
   }
   mirror_state.Stop(/*final_save=*/true);
@@ -467,6 +532,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     usleep(100000);
   }
   lease.Release();
+  fenced_slot.store(nullptr);
   if (result->succeeded) {
     std::printf("ballast master: ElasticJob %s succeeded (%d restarts, %d pod replacements)\n",
                 job->Describe().c_str(), result->restart_count, nodes.replacements());

@@ -20,6 +20,7 @@
 #include "kube/kube_client.h"
 #include "master/master_server.h"
 #include "scheduler/kubernetes/elastic_job.h"
+#include "scheduler/kubernetes/job_fence.h"
 
 namespace ballast::scheduler::kubernetes {
 
@@ -75,6 +76,11 @@ class JobStatusWriter {
   // Fencing: asked before each write; false (this master lost the job's
   // Lease) drops it.
   void SetGate(std::function<bool()> may_write);
+  // A suspended job (job_fence.h): status is written through
+  // JobFence::ApplyStatus (never over the operator's phase Suspended), and an
+  // event only after a read of the job says it is not suspended. Borrowed;
+  // set before the first write.
+  void SetFence(JobFence* fence);
 
  private:
   void Enqueue(std::function<void()> task);
@@ -85,6 +91,7 @@ class JobStatusWriter {
   const ElasticJobSpec job_;
   const std::string pod_name_;
   std::function<bool()> may_write_;  // set before the first write
+  JobFence* fence_ = nullptr;        // likewise
   kube::Json last_;          // the last status compared (the loop thread's copy)
   kube::Json applied_ = kube::Json::object();  // every status field this master owns
   kube::Json conditions_ = kube::Json::array();

@@ -3,7 +3,7 @@ for tests/python/test_health.py.
 
 A small MLP on a synthetic regression dataset, sampled by
 ballast.ElasticSampler; every step is flash-saved
-(model, optimizer, sampler) and every third persisted; the DDP gradients are
+(model, optimizer, sampler) and every third persisted (--persist-every); the DDP gradients are
 bitwise the same after a restart (ddp_exact), so a job rolled back over a
 bad step ends with exactly the weights of a job that never trained that
 step's samples.
@@ -42,6 +42,7 @@ p.add_argument("--nan-step", type=int, default=-1)
 p.add_argument("--spike-step", type=int, default=-1)
 p.add_argument("--bad-rank", type=int, default=1)
 p.add_argument("--step-time", type=float, default=0.02)
+p.add_argument("--persist-every", type=int, default=3, help="persist every Nth step (0: never)")
 args = p.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -95,6 +96,11 @@ def weights():
     return h.hexdigest(), finite
 
 
+# Every rank's start: the step and the weights it resumed from.
+with open(os.path.join(args.out, "starts.jsonl"), "a") as f:
+    f.write(json.dumps({"rank": rank, "round": int(os.environ.get("BALLAST_ROUND", "0")), "step": step,
+                        "source": ckpt.last_load_source, "sha256": weights()[0]}) + "\n")
+
 while step < args.steps:
     sampler.set_epoch(sampler.epoch)
     for idx, xb, yb in loader:
@@ -112,7 +118,7 @@ while step < args.steps:
         opt.step()
         sampler.advance(len(idx))
         ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "sampler": sampler.state_dict()},
-                  persist=step % 3 == 0)
+                  persist=args.persist_every > 0 and step % args.persist_every == 0)
         ballast.step(step, loss=loss, model=model)
         time.sleep(args.step_time)
     if sampler.epoch_done:
