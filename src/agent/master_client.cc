@@ -156,7 +156,7 @@ absl::StatusOr<v1::JoinResponse> MasterClient::Join(const v1::JoinRequest& reque
       answer_wait = true;
       continue;
     }
-    if (!SleepUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");  // H2-TEMP
+    if (!WatchChannelUnlessShutdown(std::min(backoff, remaining))) return absl::CancelledError("shutting down");
     backoff = std::min(backoff * 2, options_.backoff_max_s);
     // A pod created by a master that is gone since: its successor is elsewhere.
     if (attempts >= 3 && Relocate()) backoff = options_.backoff_initial_s;
@@ -264,7 +264,8 @@ bool MasterClient::WatchChannelUnlessShutdown(double seconds) {
     std::lock_guard<std::mutex> lock(mu_);
     channel = channel_;
   }
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
   while (state != GRPC_CHANNEL_READY) {
     {

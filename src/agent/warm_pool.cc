@@ -320,20 +320,17 @@ absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>&
   slot.buffer.clear();
   slot.preload_sent = 0;
   slot.unanswered.clear();
-  slot.hints_sent = false;
-  slot.hints_done = false;
+  slot.hints_done = options_.hints.empty();
   slot.learned_done = 0;
   slot.warm = WarmProcess{*std::move(proc), -1, MonotonicSeconds()};
   // What the workers imported is exact and in the order they needed it:
-  // when it is known (from these workers, an earlier run, another node) it
-  // is all this interpreter gets; the hints (what DDP/FSDP import) stand in
-  // until it is, so a job that never imports them (torch._dynamo: ~85 MB
-  // on torch 2.15) does not keep them in every interpreter.
-  if (learned_.empty() && !options_.hints.empty()) {
-    Send(&slot, options_.hints, /*hints=*/true);
-    slot.hints_sent = true;
-  }
+  // first when it is known (from these workers, an earlier run, another
+  // node); the hints (what DDP/FSDP import) after it, or first while
+  // nothing is known. (A list from an earlier run may be stale or cut
+  // short; torch._dynamo, most of the hints' cost, is in the list of
+  // nearly every torch 2.x distributed job anyway.)
   SendPreload(&slot);
+  if (!options_.hints.empty()) Send(&slot, options_.hints, /*hints=*/true);
   return absl::OkStatus();
 }
 
@@ -448,16 +445,10 @@ bool WarmPool::ready(int lr) const {
          it->second.unanswered.empty();
 }
 
-bool WarmPool::Slot::DistributedDone() const {
-  // The hints, or in their place the whole learned list (which holds what
-  // the workers' DDP/FSDP imported).
-  return hints_sent ? hints_done : unanswered.empty();
-}
-
 bool WarmPool::hints_ready(int lr) const {
   auto it = slots_.find(lr);
   return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0 &&
-         it->second.DistributedDone();
+         it->second.hints_done;
 }
 
 std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, std::string>& env,
@@ -486,7 +477,7 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
   state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
   state.modules = absl::StrJoin(options_.modules, ", ");
   state.imported = slot.warm->ready_at_s > 0;
-  state.hints_done = slot.DistributedDone();
+  state.hints_done = slot.hints_done;
   state.hints = options_.hints.size();
   state.learned_done = slot.learned_done;
   state.learned_sent = slot.preload_sent;

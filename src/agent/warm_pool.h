@@ -29,9 +29,9 @@
 // warm start usually gets there first.
 //
 // Preloads: after torch the interpreter imports, one module at a time, what
-// the agent sends: what the workers imported (this node's, other nodes', an
-// earlier run's), or, while nothing is known, WarmOptions::hints (what
-// DDP/FSDP import) and then what this node's workers import as it learns it. A job that comes before they are done runs as
+// the agent sends: what the workers imported as far as it is known (this
+// node's, other nodes', an earlier run's), WarmOptions::hints (what DDP/FSDP
+// import), then what this node's workers import as the agent learns it. A job that comes before they are done runs as
 // soon as the import under way finishes, with what is loaded: a restart
 // soon after a start or after another restart is warm as far as its
 // interpreter got, never waiting for a whole list. Take records what the
@@ -67,10 +67,10 @@ struct WarmOptions {
   // Take gives a taken one back the normal policy. Only where that is
   // allowed (CanRestoreNormalPriority()).
   bool low_priority = false;
-  // Imported after `modules`, each a hint (one that fails is skipped), by
-  // the interpreters started before anything was handed to Preload: what a
-  // job needs before anything was learned from its workers
-  // (DistributedHints()).
+  // Imported after `modules` by every interpreter, each a hint (one that
+  // fails is skipped): what a job needs before anything was learned from
+  // its workers (DistributedHints()); after the learned list when one is
+  // known as the interpreter starts.
   std::vector<std::string> hints = {};
 };
 
@@ -121,9 +121,7 @@ class WarmPool {
     double age_s = 0;          // since it was spawned
     std::string modules;       // WarmOptions::modules, ", "-joined ("torch")
     bool imported = false;     // ... imported
-    // WarmOptions::hints tried, or, where the learned list was sent in their
-    // place (it holds what the workers' DDP/FSDP imported), all of it.
-    bool hints_done = false;
+    bool hints_done = false;   // WarmOptions::hints tried (true when there are none)
     size_t hints = 0;
     size_t learned_done = 0;   // preloaded modules it tried (counted in messages of kPreloadChunk) ...
     size_t learned_sent = 0;   // ... of those sent to it
@@ -147,9 +145,8 @@ class WarmPool {
   // Whether local rank lr's interpreter waits, its imports (the preloaded
   // modules too) done (after Poll).
   bool ready(int lr) const;
-  // Whether it waits with WarmOptions::modules and what DDP/FSDP import
-  // loaded: the hints (the learned modules perhaps not yet), or where the
-  // learned list stood in for them, all of it.
+  // Whether it waits with WarmOptions::modules and hints imported (what
+  // DDP/FSDP need), the modules learned later perhaps not yet.
   bool hints_ready(int lr) const;
   bool disabled() const { return !disabled_reason_.empty(); }
   const std::string& disabled_reason() const { return disabled_reason_; }
@@ -165,12 +162,8 @@ class WarmPool {
       bool hints = false;
     };
     std::deque<Sent> unanswered;  // preload messages not yet answered, in order
-    bool hints_sent = false;      // only while nothing was learned (Prepare)
     bool hints_done = false;
     size_t learned_done = 0;
-    // What DDP/FSDP import is loaded: the hints, or the learned list sent
-    // in their place.
-    bool DistributedDone() const;
   };
   // Sends the learned modules the slot's interpreter has not been sent.
   void SendPreload(Slot* slot);

@@ -295,26 +295,6 @@ TEST_F(WarmPoolTest, HintsArePreloadedAndTheTakenStateSaysSo) {
   ASSERT_FALSE(j.is_null());
   EXPECT_TRUE(j["fractions"].get<bool>());
   w->process.Wait();
-
-  // Once the workers said what they import, that list stands in for the
-  // hints: a job that never imports them does not keep them loaded.
-  pool.Preload({"decimal"});
-  ASSERT_TRUE(pool.Prepare(1, Env("h")).ok());
-  w = TakeWhenReady(pool, 1, Env("h"), &why);
-  ASSERT_TRUE(w.has_value()) << why;
-  taken = pool.TakeTakenStates();
-  ASSERT_EQ(taken.size(), 1u);
-  EXPECT_TRUE(taken[0].hints_done);  // the learned list, all of it
-  EXPECT_THAT(taken[0].Describe(), HasSubstr("DDP/FSDP modules preloaded, 1 of 1 learned modules preloaded"));
-  const std::string out2 = (dir_ / "hints2.json").string();
-  std::ofstream(dir_ / "mods2.py") << "import json, sys\njson.dump({m: m in sys.modules for m in "
-                                      "('fractions', 'decimal')}, open(sys.argv[1], 'w'))\n";
-  ASSERT_TRUE(WarmPool::Hand(&*w, Env("h"), dir_.string(), {(dir_ / "mods2.py").string(), out2}, false).ok());
-  j = ReadJson(out2);
-  ASSERT_FALSE(j.is_null());
-  EXPECT_TRUE(j["decimal"].get<bool>());
-  EXPECT_FALSE(j["fractions"].get<bool>());
-  w->process.Wait();
 }
 
 // A job that comes while the preload is under way runs as soon as the

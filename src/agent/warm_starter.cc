@@ -42,7 +42,10 @@ void WarmStarter::KeepModulesBetweenRuns(const std::string& python, const std::s
   std::error_code ec;
   if (py.find('/') != std::string::npos) py = fs::absolute(py, ec).lexically_normal().string();
   std::string target = script;
-  if (!module) {
+  if (module) {
+    // -m resolves the module from the working directory.
+    target = absl::StrCat("-m ", script, " in ", fs::current_path(ec).string());
+  } else {
     fs::path p = fs::weakly_canonical(fs::absolute(script, ec), ec);
     if (!ec) target = p.string();
   }
@@ -159,6 +162,9 @@ void WarmStarter::Learn(uint64_t now_ns) {
     workers_->RequestModules();
     ++learn_asks_;
     learn_again_ns_ = learn_asks_ < std::size(kLearnAgainNs) ? now_ns + kLearnAgainNs[learn_asks_] : 0;
+    // 10 s on: a script that never calls ballast.step() (no first step
+    // seen) has its list kept too.
+    if (learn_asks_ >= 2) stepped_ = true;
   }
   workers_->ReadControl();
   std::vector<std::string> learned = workers_->TakeLearnedModules();

@@ -19,7 +19,8 @@
 // - Learning: the running warm workers are asked which library modules they
 //   imported (when the interpreters are prepared, at the first step, and
 //   kLearnAgainNs after it); new names go to the waiting interpreters, to
-//   the KV store and, once the workers stepped, to the cache file.
+//   the KV store and, once the workers stepped (or 10 s on), to the cache
+//   file.
 //
 // Threading: not thread-safe; the agent's main loop owns it (as it owns the
 // pool and the worker group it points to).
@@ -60,8 +61,9 @@ class WarmStarter {
 
   // Keeps the modules the workers import between runs in
   // ModuleListFile(BallastCacheDir(), python, target): read at the first
-  // PrepareNow, written as the list grows once the workers stepped. target
-  // is the script (made absolute) or, with `module`, the module's name.
+  // PrepareNow, written as the list grows once the workers stepped. The
+  // target is the script (its canonical path) or, with `module`, "-m NAME
+  // in CWD".
   void KeepModulesBetweenRuns(const std::string& python, const std::string& script, bool module);
   // The same with the file named (tests); "" keeps nothing.
   void set_module_file(std::string path, std::string python, std::string target);
@@ -112,9 +114,10 @@ class WarmStarter {
   std::set<std::string> reported_set_;
   std::string module_file_, module_python_, module_target_;
   bool file_dirty_ = false;  // reported_ grew since the file was written
-  // The workers made a first step: what they imported is worth keeping (a
-  // run that fails before it would leave a list without what DDP's first
-  // step imports in place of a whole one).
+  // The workers made a first step (or ran 10 s: scripts that never call
+  // ballast.step()): what they imported is worth keeping (a run that fails
+  // before it would leave a list without what DDP's first step imports in
+  // place of a whole one).
   bool stepped_ = false;
 };
 

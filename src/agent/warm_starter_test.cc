@@ -3,6 +3,7 @@
 // workers teach the next interpreters.
 #include "agent/warm_starter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -163,11 +164,16 @@ TEST_F(WarmStarterTest, KeepsWhatTheWorkersImportedForTheNextRun) {
   RoundSpec round;
   round.round = 1;
   ASSERT_TRUE(group.Start(round).ok());
-  starter.WorkersStarted(Now());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the script imports decimal
-  group.RequestModules();
-  for (int i = 0; i < 500 && kv.Get(WarmStarter::kWarmModulesKey).empty(); ++i) {
-    starter.Poll(Now(), true);
+  const uint64_t t0 = Now();  // polled at t0 until the first step: no scheduled ask, no fallback
+  starter.WorkersStarted(t0);
+  auto has_decimal = [&] {
+    const std::vector<std::string>& p = pool.preloaded();
+    return std::find(p.begin(), p.end(), "decimal") != p.end();
+  };
+  // Asked until the script has imported decimal (its start takes a while on a busy machine).
+  for (int i = 0; i < 1000 && !has_decimal(); ++i) {
+    if (i % 10 == 0) group.RequestModules();
+    starter.Poll(t0, true);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_THAT(pool.preloaded(), Contains("decimal"));
@@ -205,6 +211,44 @@ TEST_F(WarmStarterTest, KeepsWhatTheWorkersImportedForTheNextRun) {
   starter3.set_module_file(file, "/venv/bin/python", "/job/other.py");
   starter3.PrepareNow();
   EXPECT_TRUE(pool3.preloaded().empty());
+}
+
+// A script that never calls ballast.step() (no first step seen) has its
+// list kept once the workers ran for the second scheduled ask (10 s).
+TEST_F(WarmStarterTest, KeepsTheListOfAScriptWithoutStepsTenSecondsOn) {
+  const std::string file = (dir_ / "cache" / "modules.txt").string();
+  FakeKv kv;
+  WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}});
+  std::ofstream(dir_ / "train.py") << "import decimal, time\ntime.sleep(60)\n";
+  WorkerGroup group(Spec(&pool, (dir_ / "train.py").string()));
+  WarmStarter starter(&pool, &group, 1, Kv(&kv), [] { return std::string("node=test"); });
+  starter.set_module_file(file, "/usr/bin/python3", "/job/train.py");
+  starter.PrepareNow();
+  RoundSpec round;
+  round.round = 1;
+  ASSERT_TRUE(group.Start(round).ok());
+  const uint64_t t0 = Now();
+  starter.WorkersStarted(t0);
+  starter.Poll(t0 + WarmStarter::kPrepareFallbackNs, true);  // prepares; the learning schedule starts
+  auto has_decimal = [&] {
+    const std::vector<std::string>& p = pool.preloaded();
+    return std::find(p.begin(), p.end(), "decimal") != p.end();
+  };
+  // Asked until the script has imported decimal (its start takes a while on a busy machine).
+  for (int i = 0; i < 1000 && !has_decimal(); ++i) {
+    if (i % 10 == 0) group.RequestModules();
+    starter.Poll(t0 + WarmStarter::kPrepareFallbackNs, true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_THAT(pool.preloaded(), Contains("decimal"));
+  const uint64_t first_ask = t0 + WarmStarter::kPrepareFallbackNs + WarmStarter::kLearnAgainNs[0];
+  starter.Poll(first_ask, true);
+  EXPECT_FALSE(fs::exists(file));  // 2 s on: not yet
+  starter.Poll(first_ask + WarmStarter::kLearnAgainNs[1], true);  // 10 s on
+  absl::StatusOr<std::vector<std::string>> kept = ReadModuleListFile(file, "/usr/bin/python3", "/job/train.py");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_THAT(*kept, Contains("decimal"));
+  group.Stop(0);
 }
 
 // The interpreters for the next restart start as soon as this start took

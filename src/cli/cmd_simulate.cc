@@ -94,7 +94,9 @@ int SimulateCommand(const Args& args) {
       ->capture_default_str();
   app.add_option("--spares", o.spares, "Hot spare nodes (the ballast policy)")->check(Count())->capture_default_str();
   app.add_option("--step-time", o.step_time_s, "Seconds per training step")->capture_default_str();
-  app.add_option("--seed", o.seed, "Random seed of the fault schedule")->check(Count<uint64_t>())->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed of the fault schedule")
+      ->check(Count<uint64_t>())
+      ->capture_default_str();
   app.add_option("--faults", faults, "A fault schedule instead of random faults: SECONDS:process|node,...");
   app.add_option("--job-start", o.job_start_s, "Seconds from a job's start to its first step")
       ->check(Seconds())

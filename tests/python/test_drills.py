@@ -75,8 +75,8 @@ class ChaosDrills(HealthJob):
                           rf"the master now node={node}", log)
             self.assertIsNotNone(m, log[-8000:])
             self.assertIn(int(m.group(1)), range(6, 10), m.group(0))  # the agent looks every 50 ms
-        m = re.search(r"chaos: kill-master \(every training node at step (\d+) or later\): SIGKILL to the master process",
-                      log)
+        m = re.search(r"chaos: kill-master \(every training node at step (\d+) or later\): SIGKILL to the master "
+                      r"process", log)
         self.assertIsNotNone(m, log[-8000:])
         self.assertIn(int(m.group(1)), range(6, 10), m.group(0))
         self.assertIn("restarting it from the journal", log)
