@@ -43,6 +43,7 @@ p.add_argument("--spike-step", type=int, default=-1)
 p.add_argument("--bad-rank", type=int, default=1)
 p.add_argument("--step-time", type=float, default=0.02)
 p.add_argument("--persist-every", type=int, default=3, help="persist every Nth step (0: never)")
+p.add_argument("--log-weights", action="store_true", help="rank 0 logs the weights' digest after every step")
 args = p.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -120,6 +121,8 @@ while step < args.steps:
         ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "sampler": sampler.state_dict()},
                   persist=args.persist_every > 0 and step % args.persist_every == 0)
         ballast.step(step, loss=loss, model=model)
+        if args.log_weights:
+            log(ev="weights", step=step, sha256=weights()[0])
         time.sleep(args.step_time)
     if sampler.epoch_done:
         sampler.set_epoch(sampler.epoch + 1)
