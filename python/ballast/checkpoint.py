@@ -668,6 +668,9 @@ class Checkpointer:
                 snap = self._store.restore(step=step, verify=False)
                 if snap is not None:
                     self._pins[-1] = [step, step, snap]
+                    if os.environ.get(ENV_SDC_PERSIST, "1") != "0" and step > self._store.requested_persist_step():
+                        self._request_persist(step, rank, world)
+                        self._target_persist = step
             # The verdict on the pinned next target came: it is the target now
             # (the older one's slot goes back to the saves at once).
             elif len(self._pins) > 1:
