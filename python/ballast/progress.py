@@ -86,6 +86,10 @@ def state():
 
 
 def _settle_collectives():
+    # The training loop is over: tell the agent, whose hang timeout would
+    # otherwise count the interpreter's teardown (torch 2.x: 1-4 s on a busy
+    # machine) as a step that never came (BALLAST_HANG_EXIT_GRACE_S applies).
+    _C.progress_exiting()
     # torch 2.x: a gloo thread drops the last collective's tensors a moment
     # after wait() returned, and needs the GIL to; once the interpreter is
     # finalizing, taking it ends the thread inside a noexcept destructor
@@ -103,7 +107,8 @@ def _settle_collectives():
 def install_exit_settle():
     """Lets torch's collective threads finish before the interpreter
     finalizes (see _settle_collectives), under any launcher: an agent's
-    worker, torchrun's, or a plain process; returns True."""
+    worker, torchrun's, or a plain process, and marks the worker's progress
+    cell as exiting; returns True."""
     atexit.register(_settle_collectives)
     return True
 

@@ -963,6 +963,12 @@ PYBIND11_MODULE(_ballast, m) {
     Cell()->checkpoint_ns.store(active ? ballast::MonotonicNowNs() : 0, std::memory_order_release);
   }, py::arg("active"), "Marks the start (True) or end (False) of a checkpoint save: the agent then "
                         "allows BALLAST_HANG_CHECKPOINT_GRACE_S instead of the hang timeout.");
+  m.def("progress_exiting", [] {
+    ballast::ProgressCell* c = Cell();
+    if (c->exiting_ns.load(std::memory_order_relaxed) == 0)
+      c->exiting_ns.store(ballast::MonotonicNowNs(), std::memory_order_release);
+  }, "Marks that this worker began to exit (atexit): the agent then allows BALLAST_HANG_EXIT_GRACE_S "
+     "instead of the hang timeout while the interpreter tears down.");
   m.def("progress_ckpt_stall", [](double seconds, int saves) {
     ballast::ProgressCell* c = Cell();
     const auto ns = static_cast<uint64_t>(std::max(0.0, seconds) * 1e9);

@@ -179,6 +179,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     ho.hang.timeout_s = options_.run.hang_timeout_s;
     ho.hang.first_step_grace_s = options_.tunables.hang_first_step_grace_s;
     ho.hang.checkpoint_grace_s = options_.tunables.hang_checkpoint_grace_s;
+    ho.hang.exit_grace_s = options_.tunables.hang_exit_grace_s;
     ho.dump_wait_s = options_.tunables.hang_dump_wait_s;
     hangs_ = std::make_unique<HangResponder>(std::move(ho), HangHooks::ForWorkers(workers_.get(), progress_.get()),
                                              [this] { return Fmt(); });

@@ -24,7 +24,13 @@ double SecondsBetween(uint64_t from_ns, uint64_t to_ns) { return to_ns > from_ns
 HangVerdict CheckHang(const CellSnapshot& cell, uint64_t now_ns, uint64_t started_ns, const HangOptions& o) {
   HangVerdict v;
   if (o.timeout_s <= 0) return v;
-  if (cell.checkpoint_ns != 0) {
+  if (cell.exiting_ns != 0) {
+    // Past the training loop: the interpreter tears torch down (seconds under
+    // load, no step to report). A worker stuck there for good is still hung.
+    v.phase = "exiting";
+    v.limit_s = std::max(o.exit_grace_s, o.timeout_s);
+    v.idle_s = SecondsBetween(std::max({cell.exiting_ns, cell.timestamp_ns, started_ns}), now_ns);
+  } else if (cell.checkpoint_ns != 0) {
     // A save can take much longer than a step: measure from whichever is newer,
     // the save's start or the last step (a step inside a save counts too).
     v.phase = "checkpoint";
@@ -99,6 +105,7 @@ void ProgressMonitor::Reset() {
     c->fp_step.store(0, std::memory_order_relaxed);
     c->compute_ns.store(0, std::memory_order_relaxed);
     c->sdc_wait.store(0, std::memory_order_relaxed);
+    c->exiting_ns.store(0, std::memory_order_relaxed);
     c->timestamp_ns.store(0, std::memory_order_release);
   }
   baseline_.assign(num_cells_, CellSnapshot());
@@ -135,6 +142,7 @@ CellSnapshot ProgressMonitor::Read(int i) const {
   s.reports = c->reports.load(std::memory_order_relaxed);
   s.ckpt_saves = c->ckpt_saves.load(std::memory_order_relaxed);
   s.ckpt_stall_ns = c->ckpt_stall_ns.load(std::memory_order_relaxed);
+  s.exiting_ns = c->exiting_ns.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -31,6 +31,7 @@ struct HangOptions {
   double timeout_s = 0;             // --hang-timeout; <= 0: hang detection off
   double first_step_grace_s = 300;  // BALLAST_HANG_FIRST_STEP_GRACE_S (at least timeout_s)
   double checkpoint_grace_s = 600;  // BALLAST_HANG_CHECKPOINT_GRACE_S (at least timeout_s)
+  double exit_grace_s = 120;        // BALLAST_HANG_EXIT_GRACE_S (at least timeout_s)
 };
 
 // A copy of one cell.
@@ -41,6 +42,7 @@ struct CellSnapshot {
   uint64_t reports = 0;
   uint64_t ckpt_saves = 0;
   uint64_t ckpt_stall_ns = 0;
+  uint64_t exiting_ns = 0;     // 0 = not exiting
 };
 
 // A bad loss a worker recorded in its cell (ballast.step(step, loss=)).
@@ -64,7 +66,7 @@ struct HangVerdict {
   bool hung = false;
   double idle_s = 0;      // seconds without progress (since start when no step yet)
   double limit_s = 0;     // the limit that applied
-  std::string phase;      // "first step", "checkpoint", "training"
+  std::string phase;      // "first step", "checkpoint", "training", "exiting"
 };
 
 // Pure rule (see the file comment); started_ns is when the worker was started.

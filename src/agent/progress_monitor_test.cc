@@ -61,6 +61,23 @@ TEST(CheckHang, CheckpointSaveGetsItsGrace) {
   EXPECT_EQ(v.phase, "checkpoint");
 }
 
+TEST(CheckHang, AnExitingWorkerGetsTheExitGrace) {
+  CellSnapshot c;
+  c.step = 14;
+  c.timestamp_ns = 200 * kS;
+  c.exiting_ns = 201 * kS;
+  HangOptions o = Opts();
+  o.exit_grace_s = 30;
+  HangVerdict v = CheckHang(c, 220 * kS, 100 * kS, o);  // 19 s into the teardown: more than the 3 s timeout
+  EXPECT_FALSE(v.hung);
+  EXPECT_EQ(v.phase, "exiting");
+  v = CheckHang(c, 232 * kS, 100 * kS, o);  // stuck at exit for good is still a hang
+  EXPECT_TRUE(v.hung);
+  EXPECT_DOUBLE_EQ(v.limit_s, 30);
+  c.exiting_ns = 0;
+  EXPECT_TRUE(CheckHang(c, 220 * kS, 100 * kS, o).hung);  // the same silence in training is one
+}
+
 TEST(CheckHang, GraceIsNeverShorterThanTheTimeout) {
   HangOptions o = Opts();
   o.timeout_s = 100;

@@ -498,7 +498,8 @@ Workers:
   --hang-timeout S          a worker whose `ballast.step()` progress stops for S seconds
                             is hung: its Python stacks are logged and the workers
                             restart as for a failure [0: off]; see the tunables
-                            BALLAST_HANG_FIRST_STEP_GRACE_S, BALLAST_HANG_CHECKPOINT_GRACE_S
+                            BALLAST_HANG_FIRST_STEP_GRACE_S, BALLAST_HANG_CHECKPOINT_GRACE_S,
+                            BALLAST_HANG_EXIT_GRACE_S
 
 Output:
   --log-dir DIR             write each worker's stdout/stderr under

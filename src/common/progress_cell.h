@@ -71,6 +71,11 @@ struct alignas(64) ProgressCell {
   // worker and an agent of the release before read them as 0.)
   std::atomic<uint64_t> sdc_agreed{0};
   std::atomic<uint64_t> sdc_wait{0};
+  // CLOCK_MONOTONIC when the worker began to exit (its interpreter's atexit
+  // handlers ran: `import ballast` registers one); 0 = not exiting. Tearing
+  // down torch takes seconds under load: the agent then allows
+  // BALLAST_HANG_EXIT_GRACE_S instead of the hang timeout. (Padding before.)
+  std::atomic<uint64_t> exiting_ns{0};
 };
 static_assert(sizeof(ProgressCell) == 192);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

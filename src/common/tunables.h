@@ -54,6 +54,10 @@ namespace ballast {
   X(double, hang_checkpoint_grace_s, 600.0,                                                    \
     "With --hang-timeout: a worker inside a checkpoint save is hung only after this long "    \
     "without progress. Never shorter than the timeout.")                                      \
+  X(double, hang_exit_grace_s, 120.0,                                                          \
+    "With --hang-timeout: a worker whose interpreter is exiting (after its training loop; "   \
+    "torch's teardown takes seconds) is hung only after this long. Never shorter than the "  \
+    "timeout.")                                                                               \
   X(double, hang_dump_wait_s, 1.0,                                                             \
     "Seconds a hung worker gets to write its Python stacks (SIGUSR1) before it is killed.")   \
   X(double, hang_settle_s, 3.0,                                                                \
