@@ -29,6 +29,7 @@ import torch
 
 from ballast import _ballast as _C
 from ballast import _dtensor, _tree
+from ballast import save_policy as _save_policy
 from ballast._tree import Shard
 
 CheckpointCorruptError = _C.CheckpointCorruptError
@@ -513,6 +514,11 @@ class Checkpointer:
         shm: shared-memory store to use; default $BALLAST_CKPT_SHM (set by
             ``ballast run``); without one the Checkpointer makes its own.
         verify: verify checksums when loading from memory (disk is always verified).
+        save_every: which ``save`` calls copy: every N-th step (default
+            ``$BALLAST_SAVE_EVERY``, else 1: every call), or ``"auto"`` /
+            ``"auto:MAX"``: the interval that loses the least training time
+            from the measured cost of a save, the step time and the job's
+            failure rate (ballast.save_policy; ``--save-every auto``).
 
     Example::
 
@@ -528,13 +534,14 @@ class Checkpointer:
         ckpt.wait()
     """
 
-    def __init__(self, dir, keep=3, *, rank=None, world_size=None, shm=None, verify=True):
+    def __init__(self, dir, keep=3, *, rank=None, world_size=None, shm=None, verify=True, save_every=None):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
         if rank is not None and not 0 <= int(rank) < int(world_size):
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if int(keep) < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        self._interval = _save_policy.SaveInterval(save_every, agree=self._agree_interval)
         self.dir = os.path.abspath(os.fspath(dir))
         self.keep = int(keep)
         self.verify = bool(verify)
@@ -593,8 +600,38 @@ class Checkpointer:
 
     # -- save ------------------------------------------------------------------
 
+    def _agree_interval(self, n):
+        """The largest of the ranks' save_every auto choices (every rank must
+        copy the same steps)."""
+        d = self._collective(self.rank_world()[1])
+        return -_all_reduce_min(d, [-int(n)])[0] if d is not None else n
+
+    @property
+    def save_interval(self):
+        """Steps between the saves that copy now (1 unless ``save_every`` says otherwise)."""
+        return self._interval.interval
+
+    def due(self, step, persist=False):
+        """Whether ``save(step, ...)`` would copy (``save_every``): a caller
+        whose state dict is costly to build can skip building it. Asking
+        twice for a step gives the same answer.
+
+        Example::
+
+            if ckpt.due(step):
+                ckpt.save(step, build_state())
+        """
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        return self._interval.due(step, persist)
+
     def save(self, step, state_dict, persist=False, *, blocking=True):
         """Copies ``state_dict`` into shared memory as ``step``; returns when it is there.
+
+        With ``save_every`` other than 1 only the calls it picks copy (every
+        call with ``persist=True`` does); the others return at once. Returns
+        whether this call copied.
 
         Tensors (any dtype and shape, non-contiguous or on CUDA) are copied from
         their memory with the GIL released; everything else is encoded without
@@ -624,16 +661,19 @@ class Checkpointer:
                 ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict()},
                           blocking=False)
         """
+        if not self.due(step, persist):
+            return False
         step = int(step)
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
         self.wait_saved()
         t0 = time.perf_counter()
         try:
             self._save(step, state_dict, blocking, persist)
         finally:
             # What training waited for this save (the master's checkpoint part).
-            _C.progress_ckpt_stall(time.perf_counter() - t0, 1)
+            blocked = time.perf_counter() - t0
+            _C.progress_ckpt_stall(blocked, 1)
+        self._interval.copied(step, blocked)
+        return True
 
     def _save(self, step, state_dict, blocking, persist):
         """save() once the pending overlapped save is done."""

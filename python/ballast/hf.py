@@ -48,6 +48,7 @@ try:
 except ImportError as e:  # pragma: no cover - a clear error for a missing dependency
     raise ImportError(f"ballast.hf needs Hugging Face transformers ({e}): pip install transformers") from None
 
+from ballast import save_policy as _save_policy
 from ballast.checkpoint import Checkpointer
 from ballast.progress import step as report_step
 
@@ -100,7 +101,10 @@ class BallastCallback(TrainerCallback):
         dir: the checkpoint directory (default: ``$BALLAST_CKPT_DIR``, else
             ``<output_dir>/ballast``).
         save_every: flash-save every this many optimizer steps (default 1:
-            a failure then loses at most the step in flight).
+            a failure then loses at most the step in flight), or ``"auto"`` /
+            ``"auto:MAX"``: the interval that loses the least training time,
+            from the measured save cost, step time and failure rate
+            (ballast.save_policy).
         persist_every: also write every this-many-th saved step to disk, in
             the background (default: none; under an agent the master's
             persist policy and a dying worker's breakpoint save still apply).
@@ -116,8 +120,9 @@ class BallastCallback(TrainerCallback):
     """
 
     def __init__(self, dir=None, *, save_every=1, persist_every=None, keep=3, trainer=None):
-        if save_every < 1:
-            raise ValueError(f"save_every must be >= 1, got {save_every}")
+        fixed, _ = _save_policy.parse(save_every)  # ValueError saying what is allowed
+        if fixed is not None:
+            save_every = fixed
         if persist_every is not None and persist_every < 1:
             raise ValueError(f"persist_every must be >= 1 or None, got {persist_every}")
         self.dir = dir
@@ -182,7 +187,8 @@ class BallastCallback(TrainerCallback):
     def _checkpointer(self, args):
         if self.ckpt is None:
             d = self.dir or os.environ.get("BALLAST_CKPT_DIR") or os.path.join(args.output_dir, "ballast")
-            self.ckpt = Checkpointer(d, keep=self.keep)
+            self.ckpt = Checkpointer(d, keep=self.keep,
+                                     save_every=None if isinstance(self.save_every, int) else self.save_every)
         return self.ckpt
 
     def _restore_point(self, trainer):
@@ -237,13 +243,14 @@ class BallastCallback(TrainerCallback):
         # filter (logging_nan_inf_filter, on by default) already does each step.
         report_step(step, loss=None if loss is None else float(loss), model=model)
         ckpt = self._checkpointer(args)
-        if step % self.save_every:
+        persist = self.persist_every is not None and step % self.persist_every == 0
+        due = ckpt.due(step, persist) if not isinstance(self.save_every, int) else step % self.save_every == 0
+        if not due:
             if self.reserved_bytes is None:
                 # The first step created the optimizer's state: size and fault
                 # the shared memory for it now, so the first save only copies.
                 self.reserved_bytes = ckpt.reserve(self._snapshot(state, model, optimizer, lr_scheduler))
             return
-        persist = self.persist_every is not None and step % self.persist_every == 0
         ckpt.save(step, self._snapshot(state, model, optimizer, lr_scheduler), persist=persist)
 
     def _snapshot(self, state, model, optimizer, lr_scheduler):

@@ -16,9 +16,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/net.h"
 #include "common/subprocess.h"
+#include "common/save_every.h"
 #include "common/tls.h"
 #include "health/oom.h"
 #include "agent/chaos_driver.h"
@@ -434,6 +436,15 @@ int Agent::Run() {
   }
   health_env_[health::kReplicaCheckEveryEnv] = absl::StrCat(
       joined->spec().has_replica_check_every() ? joined->spec().replica_check_every() : 100);
+  // The Checkpointer's save interval (python/ballast/save_policy.py); with
+  // auto the workers estimate the failure rate from the restarts in the job's
+  // age, counted from this agent's join (a replacement node's is younger: it
+  // errs towards more frequent saves).
+  if (!options_.run.save_every.empty()) health_env_[kSaveEveryEnv] = options_.run.save_every;
+  if (options_.run.mtbf_s > 0) health_env_[kMtbfEnv] = absl::StrCat(options_.run.mtbf_s);
+  if (health_env_.count(kJobStartEnv) == 0) {  // the first join's, kept across a master's restart
+    health_env_[kJobStartEnv] = absl::StrFormat("%.3f", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  }
   // The check servers and the warm interpreters import torch while the
   // rendezvous completes.
   if (options_.run.precheck) precheck_->Warm();

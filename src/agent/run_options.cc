@@ -21,6 +21,7 @@
 #include "common/module_list.h"
 #include "common/net.h"
 #include "common/node_range.h"
+#include "common/save_every.h"
 #include "common/status_macros.h"
 
 namespace ballast::agent {
@@ -229,6 +230,19 @@ const std::map<std::string, FlagDef>& FlagTable() {
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
           ASSIGN_OR_RETURN(o->hang_timeout_s, ParseDouble(f, v));
           if (o->hang_timeout_s < 0) return FlagError(f, "must be >= 0 seconds (0 turns hang detection off)");
+          return absl::OkStatus();
+        }}},
+      {"--save-every",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          RETURN_IF_ERROR(ValidateSaveEvery(v, f));
+          o->save_every = v;
+          return absl::OkStatus();
+        }}},
+      {"--mtbf",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(o->mtbf_s, ParseDurationSeconds(v, f));
           return absl::OkStatus();
         }}},
       {"--role", {Arity::kValue, [](auto&, auto& v, RunOptions* o) { o->role = v; return absl::OkStatus(); }}},
@@ -500,6 +514,12 @@ Workers:
                             restart as for a failure [0: off]; see the tunables
                             BALLAST_HANG_FIRST_STEP_GRACE_S, BALLAST_HANG_CHECKPOINT_GRACE_S,
                             BALLAST_HANG_EXIT_GRACE_S
+  --save-every N|auto[:MAX] which Checkpointer.save calls copy: every Nth step, or
+                            auto: the interval that loses the least training time, from
+                            the measured save cost, step time and failure rate (at most
+                            MAX steps; 1000) [the script's; default 1: every call]
+  --mtbf DURATION           save-every auto's prior for the job's mean time between
+                            failures, e.g. 6h (one failure's weight) [1h]
 
 Output:
   --log-dir DIR             write each worker's stdout/stderr under

@@ -36,6 +36,8 @@ struct RunOptions {
   std::string tee = "0";               // -t/--tee: same format
   double monitor_interval_s = 0.05;    // --monitor-interval (how often workers are polled)
   double hang_timeout_s = 0;           // --hang-timeout; 0 = no hang detection
+  std::string save_every;              // --save-every N|auto|auto:MAX for the workers' Checkpointer; "" = theirs
+  double mtbf_s = 0;                   // --mtbf DURATION: the prior of save_every auto; 0 = not given
   std::string role = "default";        // --role
   bool precheck = false;               // --network-check / --precheck 1: pre-flight check
   bool exclude_stragglers = false;     // --exclude-stragglers

@@ -11,6 +11,7 @@
 #include "common/chaos.h"
 #include "common/module_list.h"
 #include "common/net.h"
+#include "common/save_every.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
 #include "master/goodput.h"
@@ -59,6 +60,13 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
   app.add_option("--hang-timeout,--hang_timeout", f->hang_timeout_s,
                  "Restart workers whose ballast.step() progress stops for this many seconds (0: off)")
       ->check(Seconds());
+  app.add_option("--save-every,--save_every", f->save_every,
+                 "Which Checkpointer.save calls copy: every Nth step, or auto: the interval that loses the least "
+                 "training time, from the measured save cost, step time and failure rate (auto:MAX: at most MAX "
+                 "steps; default 1000) (default: the script's, else every call)");
+  app.add_option("--mtbf", f->mtbf,
+                 "--save-every auto's prior for the job's mean time between failures, e.g. 6h (weighs as one "
+                 "failure; default 1h)");
   app.add_option("--ckpt-replicas,--ckpt_replicas", f->ckpt_replicas,
                  "Copy each rank's newest flash checkpoint step to the next K nodes' memory (0: off)")
       ->check(IntegerIn(0, 8, "a count from 0 to 8 (0: off)", "0..8"))
@@ -112,6 +120,18 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
     std::fprintf(stderr, "ballast %s: --warm-modules: %s\n", cmd, std::string(modules.status().message()).c_str());
     return kUsageExit;
   }
+  if (!f->save_every.empty()) {
+    if (absl::Status s = ValidateSaveEvery(f->save_every, "--save-every"); !s.ok()) {
+      std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(s.message()).c_str());
+      return kUsageExit;
+    }
+  }
+  if (!f->mtbf.empty()) {
+    if (auto d = ParseDurationSeconds(f->mtbf, "--mtbf"); !d.ok()) {
+      std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(d.status().message()).c_str());
+      return kUsageExit;
+    }
+  }
   if (auto health = f->health.Get(); !health.ok()) {
     std::fprintf(stderr, "ballast %s: %s\n", cmd, std::string(health.status().message()).c_str());
     return kUsageExit;
@@ -139,6 +159,8 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
   if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
   if (f.ckpt_replicas != 1) argv.insert(argv.end(), {"--ckpt-replicas", std::to_string(f.ckpt_replicas)});
+  if (!f.save_every.empty()) argv.insert(argv.end(), {"--save-every", f.save_every});
+  if (!f.mtbf.empty()) argv.insert(argv.end(), {"--mtbf", f.mtbf});
   if (f.no_warm_restart) argv.push_back("--no-warm-restart");
   if (!f.warm_modules.empty()) argv.insert(argv.end(), {"--warm-modules", f.warm_modules});
   argv.insert(argv.end(), f.script_and_args.begin(), f.script_and_args.end());

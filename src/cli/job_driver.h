@@ -46,6 +46,8 @@ struct JobFlags {
   std::string redirects;
   std::string role;
   double hang_timeout_s = 0;
+  std::string save_every;  // --save-every N|auto|auto:MAX ("" = the script's)
+  std::string mtbf;        // --mtbf DURATION ("" = the default prior)
   int ckpt_replicas = 1;
   bool no_warm_restart = false;
   std::string warm_modules;  // --warm-modules a,b (as `ballast run`)

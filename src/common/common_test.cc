@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/node_range.h"
+#include "common/save_every.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
 #include "gtest/gtest.h"
@@ -19,6 +20,28 @@
 
 namespace ballast {
 namespace {
+
+TEST(SaveEvery, CountsAutoAndABound) {
+  for (const char* ok : {"1", "25", "auto", "auto:200", " auto "}) EXPECT_TRUE(ValidateSaveEvery(ok, "--save-every").ok()) << ok;
+  for (const char* bad : {"", "0", "-3", "2.5", "auto:", "auto:0", "auto:x", "every", "autox"}) {
+    absl::Status s = ValidateSaveEvery(bad, "--save-every");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--save-every auto:200"), std::string::npos) << s.message();
+  }
+}
+
+TEST(ParseDurationSeconds, UnitsAndErrors) {
+  EXPECT_DOUBLE_EQ(*ParseDurationSeconds("90", "--mtbf"), 90);
+  EXPECT_DOUBLE_EQ(*ParseDurationSeconds("90s", "--mtbf"), 90);
+  EXPECT_DOUBLE_EQ(*ParseDurationSeconds("30m", "--mtbf"), 1800);
+  EXPECT_DOUBLE_EQ(*ParseDurationSeconds("1.5h", "--mtbf"), 5400);
+  EXPECT_DOUBLE_EQ(*ParseDurationSeconds("2d", "--mtbf"), 172800);
+  for (const char* bad : {"", "h", "0", "-1h", "1w", "nan", "inf", "1 h x"}) {
+    absl::StatusOr<double> d = ParseDurationSeconds(bad, "--mtbf");
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_NE(d.status().message().find("--mtbf 90m"), std::string::npos) << d.status().message();
+  }
+}
 
 TEST(ParseEndpoint, HostAndPort) {
   auto ep = ParseEndpoint("node-1:29400");

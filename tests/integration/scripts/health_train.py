@@ -43,6 +43,7 @@ p.add_argument("--spike-step", type=int, default=-1)
 p.add_argument("--bad-rank", type=int, default=1)
 p.add_argument("--step-time", type=float, default=0.02)
 p.add_argument("--persist-every", type=int, default=3, help="persist every Nth step (0: never)")
+p.add_argument("--pad-mb", type=int, default=0, help="MiB of extra state in each save (a costlier copy)")
 p.add_argument("--log-weights", action="store_true", help="rank 0 logs the weights' digest after every step")
 args = p.parse_args()
 
@@ -77,6 +78,7 @@ ddp.register_comm_hook(None, ddp_exact.per_parameter_allreduce)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 ckpt = ballast.Checkpointer(os.path.join(args.out, "ckpt"), keep=3)
+pad = torch.ones(args.pad_mb << 18)  # float32
 step, state = ckpt.load()
 if state is not None:
     model.load_state_dict(state["model"])
@@ -118,7 +120,8 @@ while step < args.steps:
         loss.backward()
         opt.step()
         sampler.advance(len(idx))
-        ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "sampler": sampler.state_dict()},
+        ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "sampler": sampler.state_dict(),
+                         **({"pad": pad} if args.pad_mb else {})},
                   persist=args.persist_every > 0 and step % args.persist_every == 0)
         ballast.step(step, loss=loss, model=model)
         if args.log_weights:

@@ -1,0 +1,220 @@
+"""Which ``Checkpointer.save`` calls copy: every N-th, or ``auto``.
+
+``save_every="auto"`` (``--save-every auto`` on ``ballast launch`` / ``ballast
+run``, which set ``BALLAST_SAVE_EVERY`` for the workers) picks the interval
+that loses the least training time, Young/Daly style, from what the job
+measures:
+
+* C, the cost of one copied save: the time between a copied save's call and
+  the next call, less the time between two calls with no copy in between
+  (the blocking copy plus what the persist and replica copies behind it take
+  from the next step); before a step without a copy has been seen, the
+  blocking copy alone. A process's first save (it sizes and faults the
+  memory, once) is left out, and the next call copies to measure a steady one;
+* t, the time of a step (between calls without a copy, per step);
+* M, the job's mean time between failures: a prior (``--mtbf``,
+  ``BALLAST_MTBF_S``; default 1 h) counted as one failure, plus what the job
+  saw: M = (prior + job age) / (1 + restarts) (the job age from
+  ``BALLAST_JOB_START``, the restarts from ``TORCHELASTIC_RESTART_COUNT``).
+
+The interval T = sqrt(2 C M) - C (Daly's first order) minimizes C/T + T/(2M),
+the fraction lost to saves plus the expected rollback per failure; in steps
+round(T / t), at least 1 and never more than the user's bound (``auto:MAX``;
+default 1000). Every rank measures its own costs; at each copied step the
+ranks agree on the largest choice N (one all-reduce of an integer), and the
+steps that are multiples of N copy: a restore needs a step every rank holds.
+It is recomputed at every copy, so it follows the measurements. A failure
+loses at most N steps: the state after the last copied step is exact. A call with ``persist=True`` always copies (the step
+asked to be on disk must be in memory first), and so do fingerprint check
+steps (``--replica-check-every``: the step a silent-data-corruption rollback
+returns to).
+
+Example::
+
+    ckpt = ballast.Checkpointer("/ckpt/run1", save_every="auto")
+    for step in range(start, steps):
+        train_one_batch()
+        ckpt.save(step, state)          # copies only when it pays off
+"""
+
+import math
+import os
+import sys
+import time
+
+ENV_SAVE_EVERY = "BALLAST_SAVE_EVERY"
+ENV_MTBF = "BALLAST_MTBF_S"
+ENV_JOB_START = "BALLAST_JOB_START"
+DEFAULT_MTBF_S = 3600.0
+DEFAULT_AUTO_MAX = 1000
+_WINDOW = 16  # recent samples a median is taken over
+
+
+def parse(spec):
+    """(fixed N or None, auto bound or None) of a save_every value: an int
+    N >= 1, "N", "auto" or "auto:MAX"; ValueError saying what is allowed."""
+    if isinstance(spec, bool):
+        raise ValueError(f"save_every must be a step count >= 1, 'auto' or 'auto:MAX', got {spec!r}")
+    if isinstance(spec, int):
+        if spec < 1:
+            raise ValueError(f"save_every must be >= 1 (1: every call copies), got {spec}")
+        return spec, None
+    text = str(spec).strip()
+    if text == "auto":
+        return None, DEFAULT_AUTO_MAX
+    if text.startswith("auto:"):
+        bound = text[5:]
+        if not bound.isdigit() or int(bound) < 1:
+            raise ValueError(f"save_every {text!r}: the bound after 'auto:' must be a step count >= 1, "
+                             "e.g. auto:200")
+        return None, int(bound)
+    if text.isdigit() and int(text) >= 1:
+        return int(text), None
+    raise ValueError(f"save_every must be a step count >= 1, 'auto' or 'auto:MAX' (e.g. auto:200), got {spec!r}")
+
+
+def _median(xs):
+    s = sorted(xs)
+    n = len(s)
+    return 0.0 if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+
+
+def _env_float(name, default):
+    text = os.environ.get(name, "")
+    try:
+        return float(text) if text else default
+    except ValueError:
+        raise ValueError(f"${name}={text!r} is not a number of seconds") from None
+
+
+class SaveInterval:
+    """The decision of one Checkpointer (see the module comment).
+
+    Args:
+        spec: save_every (None: $BALLAST_SAVE_EVERY, else 1).
+        mtbf_s: the prior MTBF (None: $BALLAST_MTBF_S, else 1 h).
+        restarts, job_age_s: the failures and age the job had when this
+            process started (None: from the environment).
+        check_every: fingerprint check interval (None: $BALLAST_REPLICA_CHECK_EVERY under an agent, else off).
+        clock: seconds, monotonic (tests pass their own).
+        log: where the chosen interval is said (default: stderr, rank 0).
+        agree: the interval the world's ranks agree on, from this rank's
+            choice (the Checkpointer's: the largest over the process group).
+    """
+
+    def __init__(self, spec=None, *, mtbf_s=None, restarts=None, job_age_s=None, check_every=None,
+                 clock=time.monotonic, log=None, agree=None):
+        if spec is None:
+            spec = os.environ.get(ENV_SAVE_EVERY) or 1
+        self.fixed, self.bound = parse(spec)
+        self.mtbf_prior_s = _env_float(ENV_MTBF, DEFAULT_MTBF_S) if mtbf_s is None else float(mtbf_s)
+        if self.mtbf_prior_s <= 0:
+            raise ValueError(f"the MTBF prior must be > 0 seconds, got {self.mtbf_prior_s}")
+        if restarts is None:
+            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if job_age_s is None:
+            start = _env_float(ENV_JOB_START, 0.0)
+            job_age_s = max(0.0, time.time() - start) if start > 0 else 0.0
+        if check_every is None:
+            check_every = int(os.environ.get("BALLAST_REPLICA_CHECK_EVERY", "0") or 0) \
+                if os.environ.get("BALLAST_NODE_ID") else 0
+        self.restarts = int(restarts)
+        self.check_every = int(check_every)
+        self._clock = clock
+        self._agree = agree if agree is not None else (lambda n: n)
+        self._t0 = clock()
+        self._age0 = float(job_age_s)
+        if log is None:  # one line per job: rank 0's
+            log = (lambda msg: sys.stderr.write(msg + "\n")) if os.environ.get("RANK", "0") == "0" else (lambda msg: None)
+        self._log = log
+        self.interval = self.fixed or 1   # steps between copies now
+        self.last_copied = None           # the newest step copied
+        self._last_call = None            # (step, time, whether it copied, its blocking seconds)
+        self._plain = []                  # seconds per step between calls without a copy
+        self._after_copy = []             # (seconds per step, blocking seconds) after a copied call
+        self._blocking = []               # blocking seconds of copied saves
+        self._said = None                 # the interval last logged
+        self._first_copy = None           # this process's first copied step (its save sizes the memory)
+
+    @property
+    def auto(self):
+        return self.fixed is None
+
+    def mtbf_s(self):
+        """The MTBF estimate now: the prior as one failure, plus the job's own."""
+        age = self._age0 + (self._clock() - self._t0)
+        return (self.mtbf_prior_s + age) / (1 + self.restarts)
+
+    def cost(self):
+        """(seconds a copied save costs, seconds per step), from the measurements; (0, 0) before any."""
+        plain = _median(self._plain)
+        blocking = _median(self._blocking)
+        if plain > 0 and self._after_copy:
+            after = _median([dt for dt, _ in self._after_copy])
+            return max(after - plain, blocking, 0.0), plain
+        if self._after_copy:
+            return blocking, max(_median([dt - b for dt, b in self._after_copy]), 1e-6)
+        return blocking, 0.0
+
+    def due(self, step, persist=False):
+        """Whether the call for ``step`` copies. Records the call's time once per step."""
+        step = int(step)
+        now = self._clock()
+        last = self._last_call
+        if last is not None and step > last[0]:
+            per_step = (now - last[1]) / (step - last[0])
+            if last[2] and last[0] == self._first_copy:
+                pass  # the process's first save sizes its memory once: not what a save costs
+            elif last[2]:
+                self._after_copy.append((per_step, last[3]))
+                del self._after_copy[:-_WINDOW]
+            else:
+                self._plain.append(per_step)
+                del self._plain[:-_WINDOW]
+        if last is not None and step == last[0]:
+            return last[2]  # asked again for the same step: the same answer
+        if self.auto:
+            # The multiples of the interval: the same steps on every rank,
+            # whatever step a restart resumed at (see _choose).
+            due = step % self.interval == 0
+        else:
+            due = step - self.last_copied >= self.interval if self.last_copied is not None else True
+        copy = (self.last_copied is None or persist or step < self.last_copied or due
+                or (self.check_every > 0 and step % self.check_every == 0))
+        self._last_call = (step, now, copy, 0.0)
+        return copy
+
+    def copied(self, step, blocking_s):
+        """Records the copy of ``step`` (its blocking seconds) and, with
+        ``auto``, chooses the next interval."""
+        if self._first_copy is None:
+            self._first_copy = int(step)
+            blocking_s = None
+        self.last_copied = int(step)
+        if blocking_s is None:
+            if self.auto:
+                self.interval = 1  # measure a steady save at the next call
+            return
+        if self._last_call is not None and self._last_call[0] == int(step):
+            self._last_call = self._last_call[:3] + (float(blocking_s),)
+        self._blocking.append(float(blocking_s))
+        del self._blocking[:-_WINDOW]
+        if self.auto:
+            self.interval = self._choose()
+
+    def _choose(self):
+        c, t = self.cost()
+        if c <= 0 or t <= 0:
+            return 1
+        m = self.mtbf_s()
+        period = max(math.sqrt(2 * c * m) - c, 0.0) if c < m / 2 else m
+        # Every rank must copy the same steps (a restore needs one step that
+        # all of them hold), but each measured its own costs: the ranks take
+        # the largest choice (``agree``, a collective at a copied step).
+        n = int(self._agree(int(min(max(round(period / t), 1), self.bound))))
+        if self._said is None or n >= 2 * self._said or 2 * n <= self._said:
+            self._said = n
+            self._log(f"ballast: save_every auto: copying every {n} step(s) (a save costs {c:.3f} s, a step "
+                      f"{t:.3f} s, MTBF {m:.0f} s: {self.restarts} restart(s) in {self._age0 + self._clock() - self._t0:.0f} s "
+                      f"and the {self.mtbf_prior_s:.0f} s prior)")
+        return n

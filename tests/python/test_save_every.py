@@ -1,0 +1,190 @@
+"""save_every: which Checkpointer.save calls copy (python/ballast/save_policy.py).
+
+Unit tests of the interval (a fake clock) and of the Checkpointer's use of it,
+then a 2 nodes x 2 workers DDP job under `ballast launch --save-every auto`
+with flash checkpoints, peer replicas and an ElasticSampler, a worker killed:
+it resumes from the newest copied step, loses at most the interval, and ends
+bitwise equal to the job without the fault.
+"""
+
+import math
+import os
+import re
+import subprocess
+import unittest
+
+import torch
+
+import ballast
+from ballast import save_policy
+from _health_job import BIN, HealthJob
+from _util import TestCase
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def run_steps(policy, clock, steps, step_s, save_s, first=1):
+    """Drives `policy` as a training loop whose copied saves take save_s; the copied steps."""
+    copied = []
+    for s in range(first, first + steps):
+        clock.t += step_s
+        if policy.due(s):
+            clock.t += save_s
+            policy.copied(s, save_s)
+            copied.append(s)
+    return copied
+
+
+class ParseTest(unittest.TestCase):
+    def test_counts_auto_and_a_bound(self):
+        self.assertEqual(save_policy.parse(1), (1, None))
+        self.assertEqual(save_policy.parse("25"), (25, None))
+        self.assertEqual(save_policy.parse("auto"), (None, save_policy.DEFAULT_AUTO_MAX))
+        self.assertEqual(save_policy.parse("auto:40"), (None, 40))
+        for bad in (0, -2, "0", "auto:", "auto:0", "sometimes", True, "2.5"):
+            with self.assertRaisesRegex(ValueError, "save_every"):
+                save_policy.parse(bad)
+
+
+class IntervalTest(unittest.TestCase):
+    def policy(self, spec, **kw):
+        clock = Clock()
+        kw.setdefault("restarts", 0)
+        kw.setdefault("job_age_s", 0)
+        kw.setdefault("check_every", 0)
+        return save_policy.SaveInterval(spec, clock=clock, log=lambda m: None, **kw), clock
+
+    def test_fixed_every_n_copies_the_first_call_then_every_nth(self):
+        p, clock = self.policy(5)
+        self.assertEqual(run_steps(p, clock, 12, 0.1, 0.01), [1, 6, 11])
+
+    def test_auto_follows_young_daly(self):
+        # A save costs 0.1 s, a step 0.2 s, the MTBF prior 800 s (and the
+        # ~60 s the job runs): T = sqrt(2 * 0.1 * 860) - 0.1 = 13 s = 65 steps.
+        p, clock = self.policy("auto", mtbf_s=800)
+        copied = run_steps(p, clock, 300, 0.2, 0.1)
+        c, t = p.cost()
+        self.assertAlmostEqual(c, 0.1, places=6)
+        self.assertAlmostEqual(t, 0.2, places=6)
+        m = p.mtbf_s()  # 800 s and the ~60 s the job has run
+        self.assertLessEqual(abs(p.interval - (math.sqrt(2 * c * m) - c) / t), 1.5, (p.interval, m))
+        self.assertTrue(62 <= p.interval <= 67, p.interval)
+        gaps = [b - a for a, b in zip(copied, copied[1:])]
+        self.assertTrue(all(g <= 67 for g in gaps), gaps)
+        self.assertLessEqual(len(copied), 12, copied)  # 1-3 to measure, then about every 64th step
+
+    def test_auto_saves_more_often_after_failures_and_respects_the_bound(self):
+        quiet, c1 = self.policy("auto", mtbf_s=3600)
+        run_steps(quiet, c1, 200, 0.2, 0.05)
+        flaky, c2 = self.policy("auto", mtbf_s=3600, restarts=30, job_age_s=600)
+        run_steps(flaky, c2, 200, 0.2, 0.05)
+        self.assertLess(flaky.interval, quiet.interval)
+        bounded, c3 = self.policy("auto:10", mtbf_s=3600)
+        copied = run_steps(bounded, c3, 100, 0.2, 0.05)
+        self.assertEqual(bounded.interval, 10)
+        self.assertTrue(all(b - a <= 10 for a, b in zip(copied, copied[1:])), copied)
+
+    def test_ranks_that_measure_differently_copy_the_same_steps(self):
+        # Two ranks, one whose saves cost 4x the other's: each would choose
+        # its own interval; agreeing on the largest, they copy the same steps.
+        alone, c0 = self.policy("auto", mtbf_s=400)
+        run_steps(alone, c0, 300, 0.2, 0.01)
+        choices = {}
+        a, ca = self.policy("auto", mtbf_s=400, agree=lambda n: max(n, choices.get("b", n)))
+        b, cb = self.policy("auto", mtbf_s=400, agree=lambda n: choices.setdefault("b", n))
+        sb = run_steps(b, cb, 300, 0.2, 0.04)
+        choices["b"] = b.interval
+        sa = run_steps(a, ca, 300, 0.2, 0.01)
+        self.assertGreater(b.interval, alone.interval)
+        self.assertEqual(a.interval, b.interval)
+        self.assertEqual(sa[-5:], sb[-5:])
+
+    def test_the_save_cost_counts_what_the_next_step_loses(self):
+        # The blocking copy is 0.01 s, but the step after a copy runs 0.1 s
+        # slower (persist and replica copies compete for the cores): C = 0.11.
+        p, clock = self.policy("auto", mtbf_s=1000)
+        for s in range(1, 400):
+            clock.t += 0.2
+            if p._last_call is not None and p._last_call[2]:
+                clock.t += 0.1
+            if p.due(s):
+                clock.t += 0.01
+                p.copied(s, 0.01)
+        c, t = p.cost()
+        self.assertAlmostEqual(c, 0.11, places=6)
+        self.assertAlmostEqual(t, 0.2, places=6)
+
+    def test_persist_and_check_steps_always_copy_and_a_repeated_step_gets_the_same_answer(self):
+        p, clock = self.policy(50, check_every=20)
+        self.assertTrue(p.due(1))
+        p.copied(1, 0.01)
+        self.assertFalse(p.due(2))
+        self.assertFalse(p.due(2))
+        self.assertTrue(p.due(3, persist=True))
+        p.copied(3, 0.01)
+        self.assertTrue(p.due(20))
+        self.assertTrue(p.due(20))
+
+
+class CheckpointerTest(TestCase):
+    def test_save_copies_only_the_steps_save_every_picks(self):
+        ckpt = ballast.Checkpointer(os.path.join(self.tmp, "c"), rank=0, world_size=1, save_every=3)
+        self.addCleanup(ckpt.close)
+        self.assertEqual(ckpt.save_interval, 3)
+        copied = [s for s in range(1, 8) if ckpt.save(s, {"w": torch.full((4,), float(s))})]
+        self.assertEqual(copied, [1, 4, 7])
+        self.assertEqual(ckpt.memory_step(), 7)
+        self.assertTrue(ckpt.save(8, {"w": torch.zeros(4)}, persist=True))  # a persist request always copies
+        ckpt.wait()
+        self.assertEqual(ckpt.latest_step(), 8)
+        with self.assertRaisesRegex(ValueError, "save_every"):
+            ballast.Checkpointer(os.path.join(self.tmp, "d"), rank=0, world_size=1, save_every="often")
+
+    def test_the_environment_sets_it_for_scripts_that_do_not(self):
+        os.environ["BALLAST_SAVE_EVERY"] = "auto:7"
+        self.addCleanup(os.environ.pop, "BALLAST_SAVE_EVERY", None)
+        ckpt = ballast.Checkpointer(os.path.join(self.tmp, "e"), rank=0, world_size=1)
+        self.addCleanup(ckpt.close)
+        self.assertEqual(ckpt._interval.bound, 7)
+        self.assertTrue(ckpt._interval.auto)
+
+
+class SaveEveryAutoJob(HealthJob):
+    def test_a_killed_worker_loses_at_most_the_interval_and_the_job_ends_as_without_the_fault(self):
+        # 16 MiB more state per rank: a copy of at least ~3 ms, steps of 0.05-0.15 s, an MTBF
+        # of 60 s: sqrt(2 C M) >= 0.6 s, an interval of 4 steps or more.
+        shape = ["--steps", "40", "--step-time", "0.05", "--persist-every", "0", "--pad-mb", "16"]
+        clean = self.reference("", script_args=shape)
+        rc, log, events, out = self.launch("auto", "--save-every", "auto", "--mtbf", "60s", "--chaos",
+                                           "kill-worker:rank=1,at_step=24", script_args=shape)
+        self.assertEqual(rc, 0, log[-8000:])
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"]), ("done", 40), done)
+        self.assertEqual(done["sha256"], clean["sha256"], "save_every auto must not change what the job trained")
+        chosen = [int(n) for n in re.findall(r"save_every auto: copying every (\d+) step", log)]
+        self.assertTrue(chosen and max(chosen) >= 3, log[-6000:])
+        starts = [e for e in events if e["ev"] == "start"]
+        self.assertEqual([s["source"] for s in starts], [None, "memory"], starts)
+        resumed = starts[1]["step"]
+        print(f"intervals chosen {chosen}, killed at 24, resumed at {resumed}")
+        # The newest copied step before the kill: at most the interval in use then behind it.
+        self.assertLessEqual(resumed, 24)
+        self.assertGreaterEqual(resumed, 24 - max(chosen), (resumed, chosen))
+
+    def test_bad_values_get_a_clear_error(self):
+        for flags, want in ((["--save-every", "0"], "--save-every 0: give a step count >= 1"),
+                            (["--mtbf", "soon"], "--mtbf soon: give a duration > 0")):
+            p = subprocess.run([BIN, "launch", "--nodes", "1", *flags, "train.py"], capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(want, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
