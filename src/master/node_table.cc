@@ -1,6 +1,7 @@
 #include "master/node_table.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -33,6 +34,7 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
     it->second.spec = spec;
     it->second.pid = pid;
     it->second.last_heartbeat = now;
+    oldest_heartbeat_ = std::min(oldest_heartbeat_, now);
     return it->second;
   }
   // Alive again: it is no longer one of the gone nodes.
@@ -45,6 +47,7 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
   rec.state = NodeState::kWaiting;
   rec.joined_at = now;
   rec.last_heartbeat = now;
+  oldest_heartbeat_ = std::min(oldest_heartbeat_, now);
   return rec;
 }
 
@@ -64,15 +67,25 @@ absl::Status NodeTable::Heartbeat(const NodeId& node_id) {
     return absl::NotFoundError(absl::StrCat("unknown node ", node_id.str(), ": join again"));
   }
   rec->last_heartbeat = clock_->Now();
+  oldest_heartbeat_ = std::min(oldest_heartbeat_, rec->last_heartbeat);  // a clock may step back
   return absl::OkStatus();
 }
 
 std::vector<NodeId> NodeTable::SilentNodes() const {
   double now = clock_->Now();
   std::vector<NodeId> out;
+  // No heartbeat is older than oldest_heartbeat_: while that one is in time
+  // every node is, and a tick costs O(1) instead of a pass over every node.
+  if (now - oldest_heartbeat_ <= heartbeat_timeout_s_) return out;
+  double oldest = std::numeric_limits<double>::infinity();
   for (const auto& [id, rec] : alive_) {
-    if (now - rec.last_heartbeat > heartbeat_timeout_s_) out.push_back(id);
+    if (now - rec.last_heartbeat > heartbeat_timeout_s_) {
+      out.push_back(id);
+    } else {
+      oldest = std::min(oldest, rec.last_heartbeat);  // the silent ones are removed by the caller or stay silent
+    }
   }
+  oldest_heartbeat_ = out.empty() ? oldest : std::min(oldest, oldest_heartbeat_);
   return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -95,6 +96,11 @@ class NodeTable {
   double heartbeat_timeout_s_;
   std::map<NodeId, NodeRecord> alive_;
   std::deque<NodeRecord> gone_;  // oldest first
+  // At most the oldest last_heartbeat of an alive node (a lower bound: it
+  // stays valid while heartbeats only move forward; a record's owner may
+  // raise last_heartbeat through Find, never lower it). SilentNodes scans
+  // only once it is older than the timeout, then tightens it.
+  mutable double oldest_heartbeat_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace ballast::master

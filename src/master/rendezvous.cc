@@ -6,10 +6,15 @@
 namespace ballast::master {
 
 const MemberAssignment* World::Find(const NodeId& node_id) const {
-  for (const auto& m : members) {
-    if (m.node_id == node_id) return &m;
+  if (indexed_ != members.size() || indexed_data_ != members.data()) {
+    index_.clear();
+    index_.reserve(members.size());
+    for (size_t i = 0; i < members.size(); ++i) index_.emplace(members[i].node_id, i);  // the first of a duplicate
+    indexed_ = members.size();
+    indexed_data_ = members.data();
   }
-  return nullptr;
+  auto it = index_.find(node_id);
+  return it == index_.end() ? nullptr : &members[it->second];
 }
 
 Rendezvous::Rendezvous(RendezvousConfig config) : config_(config) {}
