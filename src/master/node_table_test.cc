@@ -74,5 +74,35 @@ TEST(NodeTable, LeftNodeIsRememberedAndRejoinRevivesIt) {
   EXPECT_THAT(t.gone(), IsEmpty());
 }
 
+// SilentNodes skips its pass while the oldest heartbeat is in time: the bound
+// must follow joins, heartbeats, removals and a clock that steps back.
+TEST(NodeTable, SilentNodesMatchesAFullPassAsHeartbeatsMove) {
+  FakeClock clock(100.0);
+  NodeTable t(&clock, 5.0);
+  auto full_pass = [&] {
+    std::vector<NodeId> out;
+    for (const auto& [id, rec] : t.alive()) {
+      if (clock.Now() - rec.last_heartbeat > 5.0) out.push_back(id);
+    }
+    return out;
+  };
+  for (int i = 0; i < 8; ++i) t.Upsert(Node("n" + std::to_string(i)), i);
+  for (int step = 0; step < 60; ++step) {
+    clock.Advance(step % 7 == 0 ? 6.0 : 1.0);
+    // Every node but n<step % 8> heartbeats; n0 never after its join.
+    for (int i = 1; i < 8; ++i) {
+      if (i != step % 8) (void)t.Heartbeat(NodeId("n" + std::to_string(i)));
+    }
+    ASSERT_EQ(t.SilentNodes(), full_pass()) << "step " << step;
+    if (step == 30) clock.Set(90.0);  // a clock stepping back: later heartbeats are older
+    if (step == 40) t.Upsert(Node("late"), 99);
+  }
+  EXPECT_THAT(t.SilentNodes(), ElementsAre("late"_node, "n0"_node));  // neither heartbeat
+  EXPECT_THAT(t.ExpireSilent(), ElementsAre("late"_node, "n0"_node));
+  EXPECT_THAT(t.SilentNodes(), IsEmpty());
+  clock.Advance(5.1);
+  EXPECT_EQ(t.SilentNodes().size(), t.alive().size());  // nobody heartbeat since
+}
+
 }  // namespace
 }  // namespace ballast::master

@@ -183,5 +183,41 @@ TEST(Rendezvous, FormFromRestrictsMembersToCandidates) {
   EXPECT_FALSE(r.FormFrom({"a"_node}).has_value());  // below min
 }
 
+// World::Find answers from an index: it must follow members as the journal
+// restore and Form build them (push_back), a copy, a move and a whole new list.
+TEST(World, FindFollowsMembersThroughGrowthCopyAndReplacement) {
+  World w;
+  EXPECT_EQ(w.Find("a"_node), nullptr);
+  w.members.push_back(MemberAssignment{"a"_node, 0, 2, 0, "a.host"});
+  ASSERT_NE(w.Find("a"_node), nullptr);
+  EXPECT_EQ(w.Find("a"_node)->group_rank, 0);
+  for (int i = 1; i < 100; ++i) w.members.push_back(MemberAssignment{NodeId("n" + std::to_string(i)), i, 2, 2 * i, ""});
+  ASSERT_NE(w.Find("n57"_node), nullptr);
+  EXPECT_EQ(w.Find("n57"_node), &w.members[57]);  // the element itself, after the vector reallocated
+  EXPECT_EQ(w.Find("n100"_node), nullptr);
+
+  World copy = w;  // its own index over its own members
+  EXPECT_EQ(copy.Find("n57"_node), &copy.members[57]);
+  World moved = std::move(copy);
+  EXPECT_EQ(moved.Find("n99"_node), &moved.members[99]);
+
+  w.members = {MemberAssignment{"z"_node, 0, 1, 0, ""}, MemberAssignment{"a"_node, 1, 1, 1, ""}};
+  EXPECT_EQ(w.Find("n57"_node), nullptr);
+  ASSERT_NE(w.Find("a"_node), nullptr);
+  EXPECT_EQ(w.Find("a"_node)->group_rank, 1);
+  w = World{};
+  EXPECT_EQ(w.Find("a"_node), nullptr);
+}
+
+TEST(World, FormedWorldFindsEveryMemberAndNoSurplus) {
+  Rendezvous r({/*min=*/1, /*max=*/3, /*unit=*/1, /*last_call_s=*/0});
+  for (const char* id : {"a", "b", "c", "d"}) r.Join(Node(id), 0);
+  auto w = r.Form();
+  ASSERT_TRUE(w.has_value());
+  for (const auto& m : w->members) EXPECT_EQ(w->Find(m.node_id), &m);
+  ASSERT_EQ(w->surplus.size(), 1u);
+  EXPECT_EQ(w->Find(w->surplus[0]), nullptr);
+}
+
 }  // namespace
 }  // namespace ballast::master
