@@ -11,6 +11,11 @@
 // the old one is unmapped only when the last holder (e.g. a pinned slot being
 // persisted by another thread) drops it.
 //
+// Growth allocates the new pages with fallocate first (a full /dev/shm is a
+// clean error, and populating allocated pages is cheaper than allocating them
+// from the fault path); with prefault, one thread allocates while the others
+// populate behind it.
+//
 // Pre-faulting: first-touch page faults make a cold copy 10-50x slower, so
 // Prefault() populates the page tables with MADV_POPULATE_WRITE (Linux 5.14+)
 // and falls back to touching one byte per page with an atomic add of 0 (safe
@@ -79,6 +84,9 @@ class ShmSegment {
  private:
   ShmSegment(std::string name, int fd, bool owner);
   absl::Status MapSize(uint64_t size);
+  // Populates [offset, end) of the current mapping, allocating the pages of
+  // [allocate_from, end) with fallocate first (see EnsureCapacity).
+  absl::Status PopulateRange(uint64_t offset, uint64_t end, uint64_t allocate_from);
 
   std::string name_;
   int fd_ = -1;

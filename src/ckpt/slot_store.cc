@@ -307,9 +307,12 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
         }
       }
       // The next saves would pay the same for their slots: grow the ones
-      // this writer uses (want_sized of them, the biggest first) now, in the
-      // background (it waits on mu_ until this save is under way). Also when
+      // this writer uses (want_sized of them, the biggest first) in the
+      // background once this save is committed or aborted: started now, the
+      // growth would compete with this save's copy for the CPUs (a first
+      // save of 1 GiB took 0.15 s instead of 0.09 s after Reserve). Also when
       // this save found its own slot sized (Reserve).
+      deferred_grow_.clear();
       if (grow_others && prefault_ && !growing_.load()) {
         std::vector<int> order(slots_.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
@@ -322,7 +325,8 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
           ++sized;
           if (slots_[i]->size() < want) to_grow.push_back(i);
         }
-        if (!to_grow.empty()) (void)GrowInBackground(want, std::move(to_grow));
+        deferred_want_ = want;
+        deferred_grow_ = std::move(to_grow);
       }
       w.mapping_ = seg.mapping();
     }
@@ -347,6 +351,17 @@ bool SlotStore::GrowInBackground(uint64_t want, std::vector<int> slots) {
     growing_ = false;
   });
   return true;
+}
+
+void SlotStore::StartDeferredGrowth() {
+  std::vector<int> slots;
+  uint64_t want = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots.swap(deferred_grow_);
+    want = deferred_want_;
+  }
+  if (!slots.empty()) (void)GrowInBackground(want, std::move(slots));
 }
 
 bool SlotStore::Reserve(uint64_t image_bytes, int slots) {
@@ -380,6 +395,7 @@ absl::Status SlotStore::Commit(SlotWrite* w, uint64_t image_bytes, SlotOrigin or
   c.seq.store(w->seq_ + 1, std::memory_order_release);
   w->slot_ = -1;
   w->mapping_.reset();
+  StartDeferredGrowth();
   return absl::OkStatus();
 }
 
@@ -390,6 +406,7 @@ void SlotStore::Abort(SlotWrite* w) {
   c.seq.store(w->seq_ + 1, std::memory_order_release);
   w->slot_ = -1;
   w->mapping_.reset();
+  StartDeferredGrowth();
 }
 
 absl::StatusOr<int> SlotStore::DiscardFrom(uint64_t step) {

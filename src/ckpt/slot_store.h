@@ -182,8 +182,9 @@ class SlotStore {
   // image_bytes, and marks it writing. kFailedPrecondition if another live
   // process is the writer; kUnavailable if every slot is pinned. A save that
   // grew its slot grows the other slots in the background (holding the
-  // mappings' lock, so a Pin waits for it) unless grow_others is false: a
-  // replica copied in just before the worker restores it.
+  // mappings' lock, so a Pin waits for it) from its Commit or Abort on, so
+  // the growth does not compete with the save's copy, unless grow_others is
+  // false: a replica copied in just before the worker restores it.
   // keep_newest: how many of the newest committed steps the save must not
   // overwrite while another slot is free (1: a blocking saver; 2: an
   // overlapped one, whose ranks can be two saves apart when one dies, so the
@@ -276,6 +277,8 @@ class SlotStore {
   // Starts grow_thread_ on `slots` (to `want` bytes each, faulted) unless a
   // growth is running; false if it is.
   bool GrowInBackground(uint64_t want, std::vector<int> slots);
+  // Starts the growth BeginSave chose, if any (from Commit and Abort).
+  void StartDeferredGrowth();
 
   const std::string name_;
   const bool owner_;
@@ -293,6 +296,9 @@ class SlotStore {
   // done.
   std::thread grow_thread_;
   std::atomic<bool> growing_{false};
+  // The slots the save in progress grows when it is committed or aborted.
+  std::vector<int> deferred_grow_ ABSL_GUARDED_BY(mu_);
+  uint64_t deferred_want_ ABSL_GUARDED_BY(mu_) = 0;
 
   friend class PinnedSlot;
 };

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -173,6 +174,97 @@ TEST(CkptSlotStore, ReserveSizesAndFaultsTheSlotTheFirstSaveTakesSoThatSaveOnlyC
   auto snap = RestoreFromShm(agent->get());
   ASSERT_TRUE(snap.ok()) << snap.status();
   ExpectMatchesStep(*snap, kBytes);
+}
+
+TEST(CkptSlotStore, AFirstSaveGrowsTheOtherSlotOnlyAfterItsCopyAndEveryGrownSlotHoldsWhatWasSaved) {
+  auto agent = SlotStore::Create(UniqueShmName("grow-after"), StoreOpts(2, 4096));
+  ASSERT_TRUE(agent.ok());
+  auto worker = SlotStore::Open((*agent)->name());
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  constexpr uint64_t kBytes = 12'000'000;
+  WriterOptions opts = Opts(2);
+  // While the first save copies into the slot it grew, the other slot is not
+  // grown yet: the growth would compete with the copy for the CPUs.
+  std::atomic<int> checked{0};
+  opts.before_commit_for_test = [&] {
+    if (checked.exchange(1) != 0) return;
+    EXPECT_FALSE((*worker)->growing());
+    std::vector<SlotInfo> info = (*worker)->Inspect();
+    EXPECT_LT(std::min(info[0].capacity, info[1].capacity), kBytes);
+  };
+  CheckpointWriter writer(worker->get(), opts);
+  for (uint64_t step : {1, 2, 3}) {
+    StepState st(step, kBytes);
+    auto stats = writer.Save(step, st.views);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    if (step == 1) {
+      // Committed: now the other slot grows (allocated and faulted) in the background.
+      ASSERT_TRUE(WaitGrown(worker->get()));
+      for (const SlotInfo& info : (*worker)->Inspect()) {
+        EXPECT_GE(info.capacity, kBytes) << "slot " << info.slot;
+        EXPECT_GE(AllocatedBytes(SlotStore::SlotName((*agent)->name(), info.slot)), kBytes) << "slot " << info.slot;
+      }
+    }
+    // Each grown slot (the one the first save grew, the one grown behind it)
+    // holds exactly the saved bytes, read through the agent's own mapping.
+    auto snap = RestoreFromShm(agent->get());
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    EXPECT_EQ(snap->step(), step);
+    ExpectMatchesStep(*snap, kBytes);
+  }
+  EXPECT_EQ(checked.load(), 1);
+}
+
+TEST(CkptShmSegment, GrowingWithPrefaultAllocatesTheNewPagesKeepsTheOldBytesAndZeroesTheRest) {
+  // Big enough (>= 64 MiB) for the parallel path: one thread fallocates
+  // while the others populate behind it.
+  const std::string name = UniqueShmName("seg-grow");
+  auto seg = ShmSegment::Create(name, 0, true);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  constexpr uint64_t kOld = 3u << 20, kNew = 80u << 20;
+  ASSERT_TRUE((*seg)->EnsureCapacity(kOld, /*prefault=*/true).ok());
+  for (uint64_t i = 0; i < kOld; ++i) (*seg)->data()[i] = static_cast<uint8_t>(i * 13 + 1);
+  absl::Status grown = (*seg)->EnsureCapacity(kNew, /*prefault=*/true);
+  ASSERT_TRUE(grown.ok()) << grown;
+  ASSERT_EQ((*seg)->size(), kNew);
+  EXPECT_GE(AllocatedBytes(name), kNew);
+  const uint8_t* d = (*seg)->data();
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < kOld; ++i) bad += d[i] != static_cast<uint8_t>(i * 13 + 1);
+  for (uint64_t i = kOld; i < kNew; ++i) bad += d[i] != 0;
+  EXPECT_EQ(bad, 0u);
+  // Another process's view (Open + Refresh) sees the same bytes.
+  auto other = ShmSegment::Open(name);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(std::memcmp((*other)->data(), d, kNew), 0);
+}
+
+TEST(CkptSlotStore, AFirstSaveBigEnoughForParallelGrowthHoldsExactlyWhatWasSaved) {
+  auto store = SlotStore::Create(UniqueShmName("grow-big"), StoreOpts(2, 4096));
+  ASSERT_TRUE(store.ok());
+  constexpr uint64_t kBytes = 70u << 20;
+  CheckpointWriter writer(store->get(), Opts(2));
+  for (uint64_t step : {1, 2}) {
+    StepState st(step, kBytes);
+    auto stats = writer.Save(step, st.views);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    auto snap = RestoreFromShm(store->get());
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    ExpectMatchesStep(*snap, kBytes);
+  }
+  ASSERT_TRUE(WaitGrown(store->get()));
+}
+
+TEST(CkptSlotStore, AnAbortedSaveStillGrowsTheOtherSlot) {
+  auto store = SlotStore::Create(UniqueShmName("grow-abort"), StoreOpts(2, 4096));
+  ASSERT_TRUE(store.ok());
+  constexpr uint64_t kBytes = 6'000'000;
+  auto w = (*store)->BeginSave(1, kBytes);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_FALSE((*store)->growing());
+  (*store)->Abort(&*w);
+  ASSERT_TRUE(WaitGrown(store->get()));
+  for (const SlotInfo& info : (*store)->Inspect()) EXPECT_GE(info.capacity, kBytes) << "slot " << info.slot;
 }
 
 TEST(CkptSlotStore, ASaveRightAfterReserveWaitsForItsSlotAndIsWhole) {
