@@ -204,14 +204,18 @@ class SaveInterval:
 
     def _choose(self):
         c, t = self.cost()
-        if c <= 0 or t <= 0:
-            return 1
         m = self.mtbf_s()
-        period = max(math.sqrt(2 * c * m) - c, 0.0) if c < m / 2 else m
+        best = 1
+        if c > 0 and t > 0:
+            period = max(math.sqrt(2 * c * m) - c, 0.0) if c < m / 2 else m
+            best = int(min(max(round(period / t), 1), self.bound))
         # Every rank must copy the same steps (a restore needs one step that
         # all of them hold), but each measured its own costs: the ranks take
-        # the largest choice (``agree``, a collective at a copied step).
-        n = int(self._agree(int(min(max(round(period / t), 1), self.bound))))
+        # the largest choice (``agree``, a collective: every rank calls it at
+        # every copied step but a process's first, whatever it measured).
+        n = int(self._agree(best))
+        if n <= 1 and (c <= 0 or t <= 0):
+            return n  # nothing measured yet here: nothing to say
         if self._said is None or n >= 2 * self._said or 2 * n <= self._said:
             self._said = n
             self._log(f"ballast: save_every auto: copying every {n} step(s) (a save costs {c:.3f} s, a step "

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import subprocess
+import threading
 import unittest
 
 import torch
@@ -91,19 +92,37 @@ class IntervalTest(unittest.TestCase):
         self.assertTrue(all(b - a <= 10 for a, b in zip(copied, copied[1:])), copied)
 
     def test_ranks_that_measure_differently_copy_the_same_steps(self):
-        # Two ranks, one whose saves cost 4x the other's: each would choose
-        # its own interval; agreeing on the largest, they copy the same steps.
+        # Two ranks in lockstep (threads; agree is an all-reduce of the max
+        # over a barrier), one whose saves cost 4x the other's: each would
+        # choose its own interval; agreeing on the largest, they copy the same steps.
         alone, c0 = self.policy("auto", mtbf_s=400)
         run_steps(alone, c0, 300, 0.2, 0.01)
-        choices = {}
-        a, ca = self.policy("auto", mtbf_s=400, agree=lambda n: max(n, choices.get("b", n)))
-        b, cb = self.policy("auto", mtbf_s=400, agree=lambda n: choices.setdefault("b", n))
-        sb = run_steps(b, cb, 300, 0.2, 0.04)
-        choices["b"] = b.interval
-        sa = run_steps(a, ca, 300, 0.2, 0.01)
-        self.assertGreater(b.interval, alone.interval)
-        self.assertEqual(a.interval, b.interval)
-        self.assertEqual(sa[-5:], sb[-5:])
+        proposals, barrier = [0, 0], threading.Barrier(2, timeout=20)
+
+        def agree_for(r):
+            def agree(n):
+                proposals[r] = n
+                barrier.wait()
+                m = max(proposals)
+                barrier.wait()
+                return m
+            return agree
+
+        ranks = [self.policy("auto", mtbf_s=400, agree=agree_for(r)) for r in (0, 1)]
+        copied = [None, None]
+
+        def run(r, save_s):
+            copied[r] = run_steps(*ranks[r], 300, 0.2, save_s)
+
+        threads = [threading.Thread(target=run, args=(0, 0.01)), threading.Thread(target=run, args=(1, 0.04))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertIsNotNone(copied[0])
+        self.assertEqual(copied[0], copied[1])  # every copied step the same on both ranks
+        self.assertEqual(ranks[0][0].interval, ranks[1][0].interval)
+        self.assertGreater(ranks[0][0].interval, alone.interval)  # the cheap rank follows the costly one
 
     def test_the_save_cost_counts_what_the_next_step_loses(self):
         # The blocking copy is 0.01 s, but the step after a copy runs 0.1 s
