@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train_events import read_events  # noqa: E402
 
 # Differ between any two jobs, warm or cold.
-PER_JOB = {"TORCHELASTIC_RUN_ID", "BALLAST_NODE_ID", "BALLAST_CKPT_SHM", "BALLAST_PROGRESS_SHM", "MASTER_PORT"}
+# BALLAST_JOB_START: when the agent joined (save_every auto's job age).
+PER_JOB = {"TORCHELASTIC_RUN_ID", "BALLAST_NODE_ID", "BALLAST_CKPT_SHM", "BALLAST_PROGRESS_SHM", "MASTER_PORT",
+           "BALLAST_JOB_START"}
 
 
 class WarmRestart(unittest.TestCase):
@@ -42,6 +44,7 @@ class WarmRestart(unittest.TestCase):
     def probe(self, out_dir, rank, restart):
         with open(os.path.join(out_dir, f"start-rank{rank}-{restart}.json")) as f:
             seen = json.load(f)
+        self.assertIn("BALLAST_JOB_START", seen["env"])  # warm and cold alike
         seen["env"] = {k: v for k, v in seen["env"].items() if k not in PER_JOB}
         seen["open_fds"] = [fd for fd in seen["open_fds"] if fd < 512]
         return seen
