@@ -541,7 +541,11 @@ class Checkpointer:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if int(keep) < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self._interval = _save_policy.SaveInterval(save_every, agree=self._agree_interval)
+        # Through a weak reference: a bound method would make a cycle, and the
+        # Checkpointer would outlive its last reference (its memory with it).
+        me = weakref.ref(self)
+        self._interval = _save_policy.SaveInterval(
+            save_every, agree=lambda n: me()._agree_interval(n) if me() is not None else n)
         self.dir = os.path.abspath(os.fspath(dir))
         self.keep = int(keep)
         self.verify = bool(verify)
