@@ -8,7 +8,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries torch2 test unit integration kubernetes slurm demo install bench fuzz clean
+.PHONY: all deps configure build k8s-binaries torch2 test-wheels wheel test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -36,13 +36,26 @@ k8s-binaries:
 torch2:
 	@scripts/torch2-venv.sh >/dev/null
 
-test: build k8s-binaries torch2
+# What the tests install, as users do (scripts/build-wheels.sh): the cp311 wheel
+# into the torch 2.x suites' venv ($(BUILD_DIR)/venv-torch2), the cp312 wheel
+# into test_wheel's fresh CPython 3.12 venv (torch for 3.12 cached beside the
+# first). The C++ core is ccache hits after `make build`: a few minutes.
+test-wheels: build torch2
+	@scripts/build-wheels.sh --out $(BUILD_DIR)/wheels --work $(BUILD_DIR)/wheel-build 3.11 3.12 >/dev/null
+	@scripts/torch2-venv.sh --python 3.12 >/dev/null
+	@scripts/torch2-wheel-venv.sh $(BUILD_DIR) >/dev/null
+
+# `pip install`-able wheels for CPython 3.10-3.13 and the sdist, in dist/.
+wheel: deps
+	scripts/build-wheels.sh --out dist --work $(BUILD_DIR)/wheel-build --sdist
+
+test: build k8s-binaries torch2 test-wheels
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-unit: build torch2
+unit: build torch2 test-wheels
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)
 
-integration: build k8s-binaries torch2
+integration: build k8s-binaries torch2 test-wheels
 	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
 
 kubernetes: build k8s-binaries

@@ -17,6 +17,9 @@ PKGS=(
   python3-matplotlib
   # The Helm chart's test reads helm's rendered YAML.
   python3-yaml
+  # `make wheel`: every Python version's build of the C++ core after the first one
+  # is a cache hit (ccache).
+  ccache
   # Test infrastructure for the Slurm backend tests: a real multi-node Slurm
   # (slurmctld + one slurmd per network namespace, munge auth) built by
   # tests/slurm/slurm_cluster.py.

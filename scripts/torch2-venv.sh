@@ -7,6 +7,12 @@
 #   scripts/torch2-venv.sh            -> ~/.cache/ballast/torch-2.15.0-py3.11/bin/python
 #   scripts/torch2-venv.sh --path     prints that path, builds nothing (CMake's
 #                                     configure step: the tests' BALLAST_TORCH2_PYTHON)
+#   scripts/torch2-venv.sh --python 3.12 [--path]
+#       the same torch for another CPython (pyenv's ~/.pyenv/versions/3.12.*;
+#       nothing downloads an interpreter): ~/.cache/ballast/torch-2.15.0-py3.12,
+#       where the wheel tests install Ballast's wheel. Its CUDA libraries
+#       (nvidia-*, 3 GB, the same files for every Python) are the first venv's,
+#       a link in its site-packages: torch runs on CPU there, as the tests do.
 #
 # The default torch wheel brings the CUDA runtime libraries (~5 GB installed,
 # minutes to download); it runs on CPU with gloo, as the tests do.
@@ -21,8 +27,42 @@ NUMPY_VERSION=2.4.6
 TRANSFORMERS_VERSION=5.22.2
 ACCELERATE_VERSION=1.16.0
 PY=/usr/bin/python3
-pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+want_path=0
+other=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --path) want_path=1; shift ;;
+    --python) other=$2; shift 2 ;;
+    *) echo "torch2-venv.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
 cache=${BALLAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ballast}
+
+if [ -n "$other" ]; then
+  venv="$cache/torch-$TORCH_VERSION-py$other"
+  if [ "$want_path" = 1 ]; then echo "$venv/bin/python"; exit 0; fi
+  [ -f "$venv/.ballast-ready" ] && { echo "$venv/bin/python"; exit 0; }
+  base=$(ls -d "$HOME/.pyenv/versions/$other".* 2>/dev/null | sort -V -r | head -1)
+  [ -n "$base" ] && [ -x "$base/bin/python3" ] || {
+    echo "ballast: no CPython $other in ~/.pyenv/versions (nothing here downloads one)" >&2; exit 1; }
+  first=$("$0")  # the CUDA libraries come from the default venv
+  nvidia=$("$first" -c 'import os, nvidia; print(os.path.dirname(list(nvidia.__path__)[0]))')
+  echo "ballast: building the torch $TORCH_VERSION venv for CPython $other in $venv (once; ~1 GB)" >&2
+  rm -rf "$venv"
+  "$base/bin/python3" -m venv "$venv" >&2
+  "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on --no-deps \
+    "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION" filelock typing-extensions sympy mpmath networkx jinja2 \
+    markupsafe fsspec >&2 || {
+    echo "ballast: pip could not install torch==$TORCH_VERSION for CPython $other into $venv (network?)" >&2; exit 1; }
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  ln -sfn "$nvidia/nvidia" "$site/nvidia"
+  "$venv/bin/python" -c "import torch, torch.distributed as dist; assert dist.is_gloo_available(); print('ballast: torch', torch.__version__, 'ready for CPython $other')" >&2
+  touch "$venv/.ballast-ready"
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 venv="$cache/torch-$TORCH_VERSION-py$pyver"
 stamp="$venv/.ballast-ready"
 hf_stamp="$venv/.ballast-hf-$TRANSFORMERS_VERSION-$ACCELERATE_VERSION"
@@ -39,7 +79,7 @@ install_hf() {
   rm -f "$venv"/.ballast-hf-*
   touch "$hf_stamp"
 }
-if [ "${1:-}" = "--path" ]; then
+if [ "$want_path" = 1 ]; then
   echo "$venv/bin/python"
   exit 0
 fi

@@ -23,7 +23,7 @@ global position) goes into the checkpoint, so an epoch resumes exactly, on any
 world size (see ballast.sampler).
 """
 
-from ballast._ballast import CheckpointCorruptError
+from ballast._ballast import CheckpointCorruptError, __version__
 from ballast._tree import Shard
 from ballast.checkpoint import Checkpointer, CheckpointLostError, read_checkpoint
 from ballast import progress
@@ -33,8 +33,6 @@ from ballast.sampler import ElasticSampler
 
 progress.install_stack_dump_handler()
 progress.install_exit_settle()
-
-__version__ = "0.1.0"
 
 __all__ = ["Checkpointer", "Shard", "CheckpointCorruptError", "CheckpointLostError", "read_checkpoint", "step", "progress", "BadLossError",
            "ElasticSampler", "__version__"]

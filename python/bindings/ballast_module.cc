@@ -824,6 +824,7 @@ PYBIND11_MODULE(_ballast, m) {
   using namespace ballast::python;  // NOLINT: module definition only
   namespace ckpt = ballast::ckpt;
   m.doc() = "Ballast flash-checkpoint core (internal; use the `ballast` package).";
+  m.attr("__version__") = BALLAST_VERSION;
 
   g_corrupt_error = PyErr_NewExceptionWithDoc(
       "ballast.CheckpointCorruptError",

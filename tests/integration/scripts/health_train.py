@@ -86,7 +86,7 @@ if state is not None:
     sampler.load_state_dict(state["sampler"])
 step = step or 0
 log(ev="start", step=step, source=ckpt.last_load_source, sampler=sampler.state_dict(),
-    skip=os.environ.get("BALLAST_SKIP_DATA", ""))
+    skip=os.environ.get("BALLAST_SKIP_DATA", ""), package=ballast.__file__)
 
 
 def weights():
