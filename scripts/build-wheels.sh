@@ -65,9 +65,15 @@ for v in "${versions[@]}"; do
   py=$(interpreter "$v")
   [ -n "$py" ] || { echo "ballast: no CPython $v here (looked in ~/.pyenv/versions and /usr/bin)" >&2; exit 1; }
   tag=cp${v/./}
+  # pip from a venv of that interpreter (Debian's python3 has none of its own).
+  if [ ! -x "$work/venv-$tag/bin/python" ]; then
+    "$py" -m venv "$work/venv-$tag" >&2 || {
+      echo "ballast: '$py -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+  fi
+  py="$work/venv-$tag/bin/python"
   raw="$work/raw-$tag"
   rm -rf "$raw" && mkdir -p "$raw"
-  echo "ballast: building the $tag wheel with $py (build dir $work/$tag)" >&2
+  echo "ballast: building the $tag wheel with $(readlink -f "$py") (build dir $work/$tag)" >&2
   start=$SECONDS
   # pip builds in an isolated environment with scikit-build-core and pybind11
   # from PyPI (pyproject.toml); the build directory persists between runs.
