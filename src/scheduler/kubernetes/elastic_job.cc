@@ -9,6 +9,7 @@
 #include "common/module_list.h"
 #include "common/net.h"
 #include "common/node_range.h"
+#include "common/save_every.h"
 
 namespace ballast::scheduler::kubernetes {
 namespace {
@@ -161,6 +162,25 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
   if (auto modules = ParseModuleList(j.warm_modules); !modules.ok()) {
     return Invalid("warmModules", std::string(modules.status().message()));
   }
+  // saveEvery: "auto", "auto:MAX" or a step count (a YAML integer too).
+  if (auto it = spec.find("saveEvery"); it != spec.end() && !it->is_null()) {
+    if (it->is_number_integer()) {
+      j.save_every = std::to_string(it->get<long long>());
+    } else if (it->is_string()) {
+      j.save_every = it->get<std::string>();
+    } else {
+      return Invalid("saveEvery", "must be a step count, \"auto\" or \"auto:MAX\"");
+    }
+    if (absl::Status s = ValidateSaveEvery(j.save_every, "spec.saveEvery"); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("ElasticJob ", s.message()));
+    }
+  }
+  j.mtbf = StrField(spec, "mtbf");
+  if (!j.mtbf.empty()) {
+    if (auto m = ParseDurationSeconds(j.mtbf, "spec.mtbf"); !m.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("ElasticJob ", m.status().message()));
+    }
+  }
   j.master_image = StrField(spec, "masterImage");
   const Json* tmpl = kube::Find(spec, {"template"});
   if (tmpl == nullptr || !tmpl->is_object()) return Invalid("template", "required: a pod template for the workers");
@@ -261,6 +281,8 @@ absl::StatusOr<Json> BuildWorkerPod(const ElasticJobSpec& job, const WorkerPodPa
   if (job.exclude_stragglers) cmd.push_back("--exclude-stragglers");
   if (job.hang_timeout_s > 0) cmd.insert(cmd.end(), {"--hang-timeout", absl::StrCat(job.hang_timeout_s)});
   if (!job.warm_modules.empty()) cmd.insert(cmd.end(), {"--warm-modules", job.warm_modules});
+  if (!job.save_every.empty()) cmd.insert(cmd.end(), {"--save-every", job.save_every});
+  if (!job.mtbf.empty()) cmd.insert(cmd.end(), {"--mtbf", job.mtbf});
   for (std::string& a : WrapTrainingCommand(user)) cmd.push_back(std::move(a));
   c["command"] = cmd;
   c.erase("args");

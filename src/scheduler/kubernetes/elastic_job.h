@@ -63,6 +63,8 @@ struct ElasticJobSpec {
   // spec.onNan, maxRollbacks, lossSpike, skipData (health/health_policy.h).
   health::HealthPolicy health;
   std::string warm_modules;  // spec.warmModules: --warm-modules of the agents
+  std::string save_every;    // spec.saveEvery: --save-every ("N", "auto", "auto:MAX"; "" = every save copies)
+  std::string mtbf;          // spec.mtbf: --mtbf (a duration: "90m", "6h"; "" = the default prior)
   std::string checkpoint_dir;
   int pending_timeout_s = 120;
   bool cordon_bad_nodes = false;

@@ -74,6 +74,10 @@ TEST(ParseElasticJob, BadFieldsAreNamed) {
       {{{"lossSpike", 0.5}}, "spec.lossSpike"},
       {{{"skipData", "no"}}, "spec.skipData"},
       {{{"replicaCheckEvery", -5}}, "spec.replicaCheckEvery"},
+      {{{"saveEvery", 0}}, "spec.saveEvery"},
+      {{{"saveEvery", "sometimes"}}, "spec.saveEvery"},
+      {{{"saveEvery", true}}, "spec.saveEvery"},
+      {{{"mtbf", "soon"}}, "spec.mtbf"},
   };
   for (const Case& c : cases) {
     auto j = ParseElasticJob(Job(c.overrides));
@@ -95,11 +99,26 @@ TEST(WrapTrainingCommand, PythonScriptsModulesAndPrograms) {
   EXPECT_THAT(WrapTrainingCommand({"/opt/train.sh", "a"}), ElementsAre("--no-python", "/opt/train.sh", "a"));
 }
 
+TEST(ParseElasticJob, SaveEveryTakesAStepCountAsAnIntegerOrAString) {
+  auto n = ParseElasticJob(Job({{"saveEvery", 10}}));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->save_every, "10");
+  auto a = ParseElasticJob(Job({{"saveEvery", "auto"}}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->save_every, "auto");
+  auto none = ParseElasticJob(Job({}));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->save_every, "");
+  EXPECT_EQ(none->mtbf, "");
+}
+
 TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
   auto job = ParseElasticJob(Job({{"networkCheck", true},
                                   {"hangTimeoutSeconds", 60},
                                   {"checkpointDir", "/ckpt"},
-                                  {"warmModules", "transformers,numpy"}}));
+                                  {"warmModules", "transformers,numpy"},
+                                  {"saveEvery", "auto:50"},
+                                  {"mtbf", "6h"}}));
   ASSERT_TRUE(job.ok());
   WorkerPodParams p;
   p.node_rank = 1;
@@ -125,7 +144,8 @@ TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
   EXPECT_THAT(cmd, ElementsAre("ballast", "run", "--rdzv-endpoint", "train-master.ml.svc:29400", "--rdzv-id", "train",
                                "--nnodes", "2:4", "--nproc-per-node", "2", "--node-rank", "1", "--max-restarts", "3",
                                "--node-unit", "1", "--local-addr", "$(BALLAST_POD_IP)", "--network-check",
-                               "--hang-timeout", "60", "--warm-modules", "transformers,numpy", "--python", "python3",
+                               "--hang-timeout", "60", "--warm-modules", "transformers,numpy", "--save-every",
+                               "auto:50", "--mtbf", "6h", "--python", "python3",
                                "/w/train.py", "--epochs", "3"));
   std::map<std::string, Json> env;
   for (const Json& e : c["env"]) env[e["name"]] = e;
