@@ -149,6 +149,12 @@ class ElasticJobCRDTest(unittest.TestCase):
         p = self.apply(j)
         self.assertEqual(p.returncode, 0, out(p))
         self.assertEqual(self.get("passthrough")["spec"]["template"], t)
+        # saveEvery takes a step count as an integer or a string, or auto[:MAX]; mtbf a duration
+        for i, every in enumerate([10, "auto", "auto:50"]):
+            p = self.apply(job(f"save-{i}", saveEvery=every, mtbf="6h"))
+            self.assertEqual(p.returncode, 0, f"saveEvery {every!r}" + out(p))
+            spec = self.get(f"save-{i}")["spec"]
+            self.assertEqual((spec["saveEvery"], spec["mtbf"]), (every, "6h"))
         # accepted node counts (pattern + the CEL MIN <= MAX rule)
         for i, nodes in enumerate(["1", "3:3", "16:1024"]):
             p = self.apply(job(f"nodes-{i}", nodes=nodes))
