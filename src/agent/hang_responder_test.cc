@@ -175,6 +175,24 @@ TEST_F(HangResponderTest, BlamesTheWorkerOutsideACollectiveFirst) {
   EXPECT_THAT(node_.killed, ElementsAre(1001));
 }
 
+// The chaos drill `hang` on torch 1.13: rank 1 is SIGSTOPped right after its
+// step 9; rank 0 had reported step 9 a few ms earlier and waits for it in the
+// next allreduce, so rank 0 crosses the limit first. Rank 1 crosses it while
+// the stacks are dumped (its own dump, which never comes, takes its share of
+// the wait) and is the one blamed, not the rank waiting for it.
+TEST_F(HangResponderTest, AWorkerThatCrossesTheLimitDuringTheDumpsIsJudgedToo) {
+  node_.Add(0, Cell(9, 185), kInCollective);
+  CellSnapshot stopped = Cell(9, 190);
+  stopped.timestamp_ns += 5'000'000;  // 9.995 s idle at the check: under the 10 s limit
+  node_.Add(1, stopped);              // no dump: stopped
+  HangResponder r = Responder();
+  std::optional<v1::FailureReport> report = r.Check(200 * kS, kStarted, 4);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->local_rank(), 1);
+  EXPECT_FALSE(report->hang_stack_found());
+  EXPECT_THAT(node_.killed, ElementsAre(1001));
+}
+
 TEST_F(HangResponderTest, ThenTheLowestStepThenTheOldestProgress) {
   {
     FakeNode& n = node_;

@@ -4,19 +4,16 @@ Real processes and a real gloo group of one rank; tiny sizes.
 """
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import unittest
 
+from _util import free_port
+
 PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(path, timeout_s=60):
