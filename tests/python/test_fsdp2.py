@@ -43,8 +43,9 @@ def read_events(out):
 
 class Fsdp2Reshard(TestCase):
     def torchrun(self, nproc, *argv):
-        torchrun = os.path.join(os.path.dirname(torch2_python()), "torchrun")
-        cmd = [torchrun, "--standalone", "--nproc-per-node", str(nproc), WORKER,
+        # torchrun is `python -m torch.distributed.run`: the venv the tests run in has
+        # Ballast's wheel installed and torch through a .pth, not torch's scripts.
+        cmd = [torch2_python(), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), WORKER,
                "--out", self.out, "--ckpt", os.path.join(self.out, "ckpt"), *argv]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=150,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
