@@ -50,13 +50,18 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
     health::StackSummary stack;
   };
   std::vector<Hung> hung;
-  for (const WorkerInfo& w : workers) {
-    if (w.state != WorkerState::kRunning) continue;
-    const std::optional<CellSnapshot> c = hooks_.read_cell(w.local_rank);
-    if (!c.has_value()) continue;
-    const HangVerdict cv = CheckHang(*c, now, round_started_ns, options_.hang);
-    if (cv.hung) hung.push_back({&w, *c, cv, {}});
-  }
+  // Adds the running workers hung at `at` that are not in `hung` yet.
+  auto judge = [&](uint64_t at) {
+    for (const WorkerInfo& w : workers) {
+      if (w.state != WorkerState::kRunning) continue;
+      if (std::any_of(hung.begin(), hung.end(), [&](const Hung& h) { return h.worker == &w; })) continue;
+      const std::optional<CellSnapshot> c = hooks_.read_cell(w.local_rank);
+      if (!c.has_value()) continue;
+      const HangVerdict cv = CheckHang(*c, at, round_started_ns, options_.hang);
+      if (cv.hung) hung.push_back({&w, *c, cv, {}});
+    }
+  };
+  judge(now);
   if (hung.empty()) return std::nullopt;
   const auto check_started = Clock::now();
   spdlog::error("{} worker(s) hung: no progress for {:.1f} s (limit {:.0f} s, {}) {}; dumping the Python stacks "
@@ -93,17 +98,8 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
   // ms before it and wait for it in the next collective. Judged again at the
   // end of the dumps (which take at least 50 ms a worker), it is among the
   // hung ones the blame below chooses from.
-  const uint64_t dumps_done = now + static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                               Clock::now() - check_started)
-                                                               .count());
-  for (const WorkerInfo& w : workers) {
-    if (w.state != WorkerState::kRunning) continue;
-    if (std::any_of(hung.begin(), hung.end(), [&](const Hung& h) { return h.worker == &w; })) continue;
-    const std::optional<CellSnapshot> c = hooks_.read_cell(w.local_rank);
-    if (!c.has_value()) continue;
-    const HangVerdict cv = CheckHang(*c, dumps_done, round_started_ns, options_.hang);
-    if (cv.hung) hung.push_back({&w, *c, cv, {}});
-  }
+  judge(now + static_cast<uint64_t>(
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - check_started).count()));
   for (const WorkerInfo* o : dumped) {
     health::StackSummary st = health::SummarizeStackDump(hooks_.take_dump(o->local_rank));
     spdlog::info("rank {} (local rank {}): {}", o->global_rank, o->local_rank,
