@@ -8,7 +8,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries torch2 test-wheels wheel test unit integration kubernetes slurm demo install bench fuzz clean
+.PHONY: all deps configure build k8s-binaries torch2 test-wheels ray wheel test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -45,17 +45,23 @@ test-wheels: build torch2
 	@scripts/torch2-venv.sh --python 3.12 >/dev/null
 	@scripts/torch2-wheel-venv.sh $(BUILD_DIR) >/dev/null
 
+# Ray from PyPI, pinned (scripts/ray-venv.sh: ~/.cache/ballast/ray-<version>-py3.11,
+# ~45 s once), seen by the Ray tests' venvs: $(BUILD_DIR)/venv-ray (Debian's
+# torch 1.13) and the torch 2.x suites' venv.
+ray: test-wheels
+	@scripts/ray-test-venvs.sh $(BUILD_DIR) >/dev/null
+
 # `pip install`-able wheels for CPython 3.10-3.13 and the sdist, in dist/.
 wheel: deps
 	scripts/build-wheels.sh --out dist --work $(BUILD_DIR)/wheel-build --sdist
 
-test: build k8s-binaries torch2 test-wheels
+test: build k8s-binaries torch2 test-wheels ray
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-unit: build torch2 test-wheels
+unit: build torch2 test-wheels ray
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)
 
-integration: build k8s-binaries torch2 test-wheels
+integration: build k8s-binaries torch2 test-wheels ray
 	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
 
 kubernetes: build k8s-binaries

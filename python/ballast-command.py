@@ -27,4 +27,7 @@ def _binary():
 
 if __name__ == "__main__":
     exe = _binary()
+    # The interpreter Ballast is installed for: `ballast ray run` talks to Ray
+    # with it, `ballast ckpt export` reads checkpoints with it.
+    os.environ.setdefault("BALLAST_PYTHON", sys.executable)
     os.execv(exe, ["ballast"] + sys.argv[1:])

@@ -178,8 +178,4 @@ class WarmPool {
   std::vector<TakenState> taken_;
 };
 
-// Reads whole lines the bootstrap wrote on a control socket (non-blocking):
-// "ready <t>", "pg <t_call> <t_return>", ... ; appends partial input to *buffer.
-std::vector<std::string> ReadControlLines(int fd, std::string* buffer, bool* closed);
-
 }  // namespace ballast::agent

@@ -15,6 +15,7 @@ int LaunchCommand(const Args& args);  // ballast launch: master + N local agents
 int SlurmCommand(const Args& args);   // ballast slurm: master + one agent step per node of a Slurm allocation
 int StatusCommand(const Args& args);  // ballast status: print a job's state
 int CkptCommand(const Args& args);    // ballast ckpt: ls/inspect/verify/export checkpoints
+int RayCommand(const Args& args);      // ballast ray run: a job on a Ray cluster, one agent actor per Ray node
 int OperatorCommand(const Args& args);  // ballast operator: the ElasticJob controller (Kubernetes)
 int SimulateCommand(const Args& args);  // ballast simulate: goodput at scale under failures
 

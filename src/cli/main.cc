@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  master   run a job master that agents on several hosts join\n"
     "  launch   run a whole job on this machine: a master and N agents (local backend)\n"
     "  slurm    run a job inside a Slurm allocation: one agent step per node, hot spares\n"
+    "  ray      run a job on a Ray cluster (`ballast ray run`): one agent actor per Ray node\n"
     "  status   print the state of a running job\n"
     "  ckpt     list, inspect, verify and export flash checkpoints\n"
     "  operator run the Kubernetes ElasticJob operator (deploy/ installs it)\n"
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
     std::puts("ballast " BALLAST_VERSION);
     return 0;
   }
-  if (cmd == "run" || cmd == "master" || cmd == "launch" || cmd == "slurm" || cmd == "status" || cmd == "operator") {
+  if (cmd == "run" || cmd == "master" || cmd == "launch" || cmd == "slurm" || cmd == "ray" || cmd == "status" || cmd == "operator") {
     ballast::SetupLogging(cmd == "run" ? "agent" : cmd);
   }
   // A mistyped BALLAST_* tunable is refused, not ignored.
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   if (cmd == "master") return ballast::cli::MasterCommand(args);
   if (cmd == "launch") return ballast::cli::LaunchCommand(args);
   if (cmd == "slurm") return ballast::cli::SlurmCommand(args);
+  if (cmd == "ray") return ballast::cli::RayCommand(args);
   if (cmd == "status") return ballast::cli::StatusCommand(args);
   if (cmd == "ckpt") return ballast::cli::CkptCommand(args);
   if (cmd == "operator") return ballast::cli::OperatorCommand(args);

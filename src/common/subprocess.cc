@@ -345,4 +345,29 @@ absl::StatusOr<CommandResult> RunCapture(const std::vector<std::string>& argv, d
   return r;
 }
 
+std::vector<std::string> ReadControlLines(int fd, std::string* buffer, bool* closed) {
+  std::vector<std::string> lines;
+  *closed = false;
+  if (fd < 0) return lines;
+  char buf[4096];
+  while (true) {
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) {
+      buffer->append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) *closed = true;
+    break;  // EAGAIN, EOF or an error
+  }
+  size_t start = 0;
+  while (true) {
+    size_t nl = buffer->find('\n', start);
+    if (nl == std::string::npos) break;
+    lines.push_back(buffer->substr(start, nl - start));
+    start = nl + 1;
+  }
+  buffer->erase(0, start);
+  return lines;
+}
+
 }  // namespace ballast

@@ -121,4 +121,9 @@ std::map<std::string, std::string> CurrentEnvironment();
 // Absolute path of the running executable (/proc/self/exe).
 std::string SelfExePath();
 
+// Reads the whole lines a peer wrote on a socket (non-blocking: what has
+// arrived), e.g. a control socket's "ready <t>"; keeps a partial line in
+// *buffer for the next call. *closed: the peer closed its end.
+std::vector<std::string> ReadControlLines(int fd, std::string* buffer, bool* closed);
+
 }  // namespace ballast

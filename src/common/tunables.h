@@ -46,6 +46,9 @@ namespace ballast {
     "possibly with the master gone).")                                                         \
   X(double, slurm_node_state_poll_s, 2.0,                                                      \
     "`ballast slurm`: seconds between reads of the job's node states (sinfo).")               \
+  X(double, ray_pending_s, 10.0,                                                               \
+    "`ballast ray run`: seconds a node waits for a free Ray node before the job is told (it goes on " \
+    "with the nodes it has; the node still starts when a Ray node frees up or joins).")         \
   X(double, slurm_command_timeout_s, 10.0,                                                     \
     "`ballast slurm`: deadline of one Slurm command (squeue, scancel, sinfo, scontrol).")     \
   X(double, hang_first_step_grace_s, 300.0,                                                    \

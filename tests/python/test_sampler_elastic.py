@@ -54,6 +54,64 @@ def read_events(out):
     return events
 
 
+def check_lineage(tc, out, epochs=EPOCHS, size=SIZE):
+    """Asserts that the steps of the finished state's lineage (module doc)
+    trained each epoch's samples exactly once. Returns the lineage
+    [(round, world, first step, last step, sampler state resumed)] and the
+    rank-steps trained outside it (redone)."""
+    events = read_events(out)
+    starts = collections.defaultdict(list)
+    trains = collections.defaultdict(list)  # round -> train events
+    for e in events:
+        if e["ev"] == "start":
+            starts[e["round"]].append(e)
+        elif e["ev"] == "train":
+            trains[e["round"]].append(e)
+    done = [e for e in events if e["ev"] == "done"]
+    tc.assertEqual(len({e["round"] for e in done}), 1, done)
+    final = done[0]["round"]
+    tc.assertEqual(sorted(e["rank"] for e in done), list(range(done[0]["world"])))
+    for rnd, ss in starts.items():  # the ranks of a round resumed from one checkpoint
+        tc.assertEqual(len({(s["step"], s["origin"], json.dumps(s["sampler"])) for s in ss}), 1, ss)
+
+    # The lineage, walked back from the finished round: [(round, world, first step, last step)].
+    lineage, rnd, hi = [], final, done[0]["step"]
+    while True:
+        s = starts[rnd][0]
+        lineage.append((rnd, s["world"], s["step"] + 1, hi, s["sampler"]))
+        if s["origin"] is None:
+            tc.assertEqual(s["step"], 0)
+            break
+        tc.assertLess(s["origin"], rnd)
+        rnd, hi = s["origin"], s["step"]
+    lineage.reverse()
+
+    seen = collections.defaultdict(list)  # epoch -> indices
+    counted = 0
+    for rnd, world, lo, hi, _ in lineage:
+        by_step = collections.defaultdict(list)
+        for e in trains[rnd]:
+            if lo <= e["step"] <= hi:
+                by_step[e["step"]].append(e)
+        tc.assertEqual(sorted(by_step), list(range(lo, hi + 1)), f"round {rnd}")
+        for step, es in by_step.items():
+            tc.assertEqual(sorted(e["rank"] for e in es), list(range(world)),
+                             f"round {rnd} step {step}: one log per rank")
+            tc.assertEqual(len({e["epoch"] for e in es}), 1)
+            for e in es:
+                seen[e["epoch"]] += e["idx"]
+                counted += 1
+    tc.assertEqual(sorted(seen), list(range(epochs)))
+    for epoch, idx in seen.items():
+        counts = collections.Counter(idx)
+        dup = sorted(i for i, c in counts.items() if c > 1)
+        missing = sorted(set(range(size)) - set(counts))
+        tc.assertEqual((dup, missing), ([], []), f"epoch {epoch}")
+        tc.assertEqual(len(idx), size)
+
+    return lineage, sum(len(v) for v in trains.values()) - counted
+
+
 class ElasticSamplerUnderLaunch(TestCase):
     def test_scale_down_and_up_mid_epoch_sees_each_sample_once_per_epoch(self):
         out = os.path.join(self.tmp, "out")
@@ -77,63 +135,13 @@ class ElasticSamplerUnderLaunch(TestCase):
         self.assertIn("scale down to 1 nodes", log, log[-6000:])
         self.assertIn("scale up from 1 to 2 nodes", log, log[-6000:])
 
-        events = read_events(out)
-        starts = collections.defaultdict(list)
-        trains = collections.defaultdict(list)  # round -> train events
-        for e in events:
-            if e["ev"] == "start":
-                starts[e["round"]].append(e)
-            elif e["ev"] == "train":
-                trains[e["round"]].append(e)
-        done = [e for e in events if e["ev"] == "done"]
-        self.assertEqual(len({e["round"] for e in done}), 1, done)
-        final = done[0]["round"]
-        self.assertEqual(sorted(e["rank"] for e in done), list(range(done[0]["world"])))
-        for rnd, ss in starts.items():  # the ranks of a round resumed from one checkpoint
-            self.assertEqual(len({(s["step"], s["origin"], json.dumps(s["sampler"])) for s in ss}), 1, ss)
-
-        # The lineage, walked back from the finished round: [(round, world, first step, last step)].
-        lineage, rnd, hi = [], final, done[0]["step"]
-        while True:
-            s = starts[rnd][0]
-            lineage.append((rnd, s["world"], s["step"] + 1, hi, s["sampler"]))
-            if s["origin"] is None:
-                self.assertEqual(s["step"], 0)
-                break
-            self.assertLess(s["origin"], rnd)
-            rnd, hi = s["origin"], s["step"]
-        lineage.reverse()
-
-        seen = collections.defaultdict(list)  # epoch -> indices
-        counted = 0
-        for rnd, world, lo, hi, _ in lineage:
-            by_step = collections.defaultdict(list)
-            for e in trains[rnd]:
-                if lo <= e["step"] <= hi:
-                    by_step[e["step"]].append(e)
-            self.assertEqual(sorted(by_step), list(range(lo, hi + 1)), f"round {rnd}")
-            for step, es in by_step.items():
-                self.assertEqual(sorted(e["rank"] for e in es), list(range(world)),
-                                 f"round {rnd} step {step}: one log per rank")
-                self.assertEqual(len({e["epoch"] for e in es}), 1)
-                for e in es:
-                    seen[e["epoch"]] += e["idx"]
-                    counted += 1
-        self.assertEqual(sorted(seen), list(range(EPOCHS)))
-        for epoch, idx in seen.items():
-            counts = collections.Counter(idx)
-            dup = sorted(i for i, c in counts.items() if c > 1)
-            missing = sorted(set(range(SIZE)) - set(counts))
-            self.assertEqual((dup, missing), ([], []), f"epoch {epoch}")
-            self.assertEqual(len(idx), SIZE)
-
+        lineage, redone = check_lineage(self, out)
         worlds = [w for _, w, _, _, _ in lineage]
         self.assertEqual((worlds[0], worlds[-1]), (2, 2), lineage)
         self.assertIn(1, worlds, lineage)
         resumes = [sd for _, _, _, _, sd in lineage[1:]]
         self.assertTrue(any(0 < sd["position"] < SIZE for sd in resumes),
                         f"no resume in the middle of an epoch: {resumes}")
-        redone = sum(len(v) for v in trains.values()) - counted
         print(f"\n  {elapsed:.1f} s; lineage (round, world, steps, resumed at epoch/position): " +
               ", ".join(f"({r}, {w}, {lo}-{hi}, {sd['epoch']}/{sd['position']})"
                         for r, w, lo, hi, sd in lineage) +

@@ -1,0 +1,531 @@
+"""Ballast (`ballast ray run`) against Ray Train's TorchTrainer on the same real Ray cluster.
+
+What it measures. One small DDP job (gloo, CPU): an MLP Linear(16,64)-Tanh-Linear(64,1) on
+synthetic regression data, SGD, 4 ranks, --steps steps (default 60) of ~0.15 s each (a
+time.sleep stands in for compute), with a checkpoint after every step, run by
+  - Ballast: `ballast ray run --nodes 2 --nproc-per-node 2` (one agent actor per Ray node),
+    the script (this file, --worker-ballast) flash-saving every step with ballast.Checkpointer
+    and reporting ballast.step(step);
+  - Ray Train: ray.train.torch.TorchTrainer, 4 workers of 0.5 CPU (they pack 2 to a node),
+    FailureConfig(max_failures=3), DDP through prepare_model, a checkpoint reported from rank 0
+    with ray.train.report every step (and, as a third row, every 10 steps), resumed from
+    ray.train.get_checkpoint();
+and one fault per run at step 15:
+  - node:   the Ray node hosting node rank 1 (Ballast) / world rank 1 (Ray Train) is removed
+            without grace (cluster.remove_node(allow_graceful=False): its raylet and every
+            process on it killed); a fresh Ray node is added 2 s later;
+  - worker: the process of rank 1 is SIGKILLed (Ballast: --chaos kill-worker:rank=1,at_step=15,
+            the fault time is when the bench sees that process die; Ray Train: the bench
+            kills rank 1's worker actor process itself when rank 1 has logged step 15).
+Every rank appends a JSON line after each completed step ({rank, step, t, inc}: inc names one
+incarnation of the training loop) and one when its loop starts ({ev: start, step resumed}).
+  recovery   = time from the fault until every rank has completed a step in an incarnation
+               started after the fault;
+  steps lost = the highest step completed before the fault minus the step training resumed from;
+  wall       = the whole job, from starting its driver (`ballast ray run` / a Python driver
+               running TorchTrainer.fit()) to that driver's exit.
+The table shows medians over --trials.
+
+The cluster: ray.cluster_utils.Cluster on this machine (a head with 0 CPUs, 3 nodes of 1 CPU,
+Ray's health checks every 200 ms as in tests/python/test_ray.py), inside a network namespace
+with only loopback: the bench re-executes itself under `unshare -n` (run it as root). One
+cluster serves every run; a removed node is replaced before the next run starts.
+
+Ray Train needs ray[train]'s extras (fsspec, pandas, pyarrow, tensorboardX) beside Ray 2.60.0 and
+Debian's torch 1.13, which build/venv-ray lacks; a venv that has them (pyarrow < 21: newer ones
+need NumPy 2, Debian's is 1.24):
+
+    /usr/bin/python3 -m venv --system-site-packages /tmp/venv-raytrain
+    echo ~/.cache/ballast/ray-2.60.0-py3.11/lib/python3.11/site-packages \\
+        > /tmp/venv-raytrain/lib/python3.11/site-packages/ballast-ray.pth
+    echo numpy==1.24.2 > /tmp/c.txt
+    /tmp/venv-raytrain/bin/python -m pip install -c /tmp/c.txt fsspec pandas 'pyarrow>=17,<21' 'tensorboardX>=1.9'
+
+Run (as root, from the repository root; every process of the cluster uses this interpreter):
+
+    /tmp/venv-raytrain/bin/python bench/ray_bench.py --trials 3
+    build/venv-ray/bin/python bench/ray_bench.py --systems ballast        # Ballast only
+
+Options: --trials N (3), --steps N (60), --faults node,worker, --systems ballast,raytrain,
+--json FILE. One trial (5 jobs) takes about 3-4 minutes on a 2-core machine. Not a test:
+numbers go into notes and docs.
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BALLAST = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
+PYPATH = os.path.join(ROOT, "build", "python")
+NETNS_MARK = "BALLAST_BENCH_RAY_NETNS"
+HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_timeout_ms": 200,
+          "health_check_failure_threshold": 3}
+STORE = 80 << 20  # the smallest object store Ray accepts is 75 MiB
+FAULT_STEP = 15
+STEP_TIME = 0.15
+WORLD = 4
+JOB_TIMEOUT = 300
+
+# ---------------------------------------------------------------- the training both systems run
+
+
+def make_model():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+
+
+def make_data():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 16, generator=g)
+    y = torch.tanh(x @ torch.randn(16, 1, generator=g))
+    return x, y
+
+
+def train_step(ddp, opt, x, y, step, rank, world, batch=8):
+    """One DDP step on rank's slice of the step's batch (the same data whatever restarted)."""
+    import torch
+    lo = ((step * world + rank) * batch) % len(x)
+    loss = torch.nn.functional.mse_loss(ddp(x[lo:lo + batch]), y[lo:lo + batch])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+
+def log_line(out, **rec):
+    """One JSON line, appended with a single write (atomic among the ranks' processes)."""
+    rec.setdefault("t", time.time())
+    fd = os.open(os.path.join(out, "steps.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def ballast_worker(out, steps):
+    """The torchrun-style script `ballast ray run` starts (this file with --worker-ballast)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import ballast
+
+    t0 = time.time()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    inc = f"b{os.getpid()}-{t0:.6f}"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = make_model()
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = make_data()
+    ckpt = ballast.Checkpointer(os.path.join(out, "ckpt"), keep=3)
+    step, state = ckpt.load()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    step = step or 0
+    log_line(out, ev="start", rank=rank, step=step, t=t0, inc=inc, pid=os.getpid(),
+             round=int(os.environ.get("BALLAST_ROUND", "0")),
+             restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), source=ckpt.last_load_source)
+    while step < steps:
+        step += 1
+        loss = train_step(ddp, opt, x, y, step, rank, world)
+        ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict()})
+        log_line(out, ev="step", rank=rank, step=step, inc=inc, loss=loss)
+        ballast.step(step)
+        time.sleep(STEP_TIME)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def raytrain_loop(config):
+    """Ray Train's train_loop_per_worker: the same model, data and step."""
+    import tempfile as tf
+
+    import ray.train
+    import torch
+    from ray.train import Checkpoint
+    from ray.train.torch import prepare_model
+
+    t0 = time.time()
+    out, steps, every = config["out"], config["steps"], config["ckpt_every"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    inc = f"r{os.getpid()}-{t0:.6f}"
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = 0
+    ck = ray.train.get_checkpoint()
+    if ck is not None:
+        with ck.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+    ddp = prepare_model(model)  # DDP (gloo on CPU); the weights broadcast from rank 0
+    x, y = make_data()
+    log_line(out, ev="start", rank=rank, step=step, t=t0, inc=inc, pid=os.getpid(),
+             node=ray.get_runtime_context().get_node_id(), source="checkpoint" if ck is not None else None)
+    while step < steps:
+        step += 1
+        loss = train_step(ddp, opt, x, y, step, rank, world)
+        if step % every == 0:
+            with tf.TemporaryDirectory() as d:
+                ckpt = None
+                if rank == 0:
+                    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                               os.path.join(d, "state.pt"))
+                    ckpt = Checkpoint.from_directory(d)
+                ray.train.report({"step": step, "loss": loss}, checkpoint=ckpt)
+        log_line(out, ev="step", rank=rank, step=step, inc=inc, loss=loss)
+        time.sleep(STEP_TIME)
+
+
+def raytrain_driver(out, steps, ckpt_every):
+    """The Ray Train job's driver (this file with --driver-raytrain): TorchTrainer.fit()."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+    trainer = TorchTrainer(
+        raytrain_loop,
+        train_loop_config={"out": out, "steps": steps, "ckpt_every": ckpt_every},
+        scaling_config=ScalingConfig(num_workers=WORLD, use_gpu=False, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(name=os.path.basename(out), storage_path=os.path.join(out, "storage"),
+                             failure_config=FailureConfig(max_failures=3),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)))
+    result = trainer.fit()
+    print(f"raytrain driver: done, error={result.error!r}", flush=True)
+    ray.shutdown()
+    sys.exit(0 if result.error is None else 1)
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    recs = []
+    with open(path) as f:
+        for line in f:
+            try:
+                recs.append(json.loads(line))
+            except ValueError:
+                pass  # a line being written
+    return recs
+
+
+def procs_matching(marker):
+    """pids (and command lines) of processes whose command line mentions marker."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found.append((int(d), cmd[:200]))
+    return found
+
+
+def alive(pid):
+    """Whether pid runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def agent_ray_node(out, node_rank):
+    """The Ray node id of the running Ballast agent of node rank node_rank (from its environment)."""
+    for pid, cmd in procs_matching(out):
+        if " run " not in cmd or f"--node-rank {node_rank} " not in cmd:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"BALLAST_RAY_NODE_ID" in env:
+            return env[b"BALLAST_RAY_NODE_ID"].decode()
+    return None
+
+
+class Bench:
+    def __init__(self, args):
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.ray = ray
+        self.args = args
+        self.tmp = tempfile.mkdtemp(prefix="ballast-raybench-")
+        t0 = time.monotonic()
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "object_store_memory": STORE, "_system_config": HEALTH})
+        self.nodes = []
+        self.add_node()
+        self.add_node()
+        self.add_node()
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, log_to_driver=False)
+        print(f"ray_bench: a Ray head and 3 nodes up in {time.monotonic() - t0:.1f} s at {self.cluster.address}; "
+              f"output in {self.tmp}", flush=True)
+        self.env = dict(os.environ, RAY_ADDRESS=self.cluster.address, RAY_USAGE_STATS_ENABLED="0")
+
+    def add_node(self):
+        self.nodes.append(self.cluster.add_node(num_cpus=1, object_store_memory=STORE))
+
+    def remove(self, node_id):
+        node = next((n for n in self.nodes if n.node_id == node_id), None)
+        if node is None:
+            raise RuntimeError(f"Ray node {node_id} is not one of the bench's")
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.nodes.remove(node)
+
+    def settle(self, timeout=90):
+        """Waits until 3 worker nodes are alive with all their CPUs free (the last job's actors gone)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = [n for n in self.ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+            if len(nodes) == 3 and self.ray.available_resources().get("CPU", 0) >= 3:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the cluster did not settle: {self.ray.available_resources()}")
+
+    def close(self):
+        self.ray.shutdown()
+        self.cluster.shutdown()
+
+    def start(self, system, out, ckpt_every, fault):
+        log = open(os.path.join(out, "driver.log"), "w")
+        me = os.path.abspath(__file__)
+        if system == "ballast":
+            cmd = [BALLAST, "ray", "run", "--python", sys.executable, "--nodes", "2", "--nproc-per-node", "2"]
+            if fault == "worker":
+                cmd += ["--chaos", f"kill-worker:rank=1,at_step={FAULT_STEP}"]
+            cmd += [me, "--worker-ballast", "--out", out, "--steps", str(self.args.steps)]
+        else:
+            cmd = [sys.executable, me, "--driver-raytrain", "--out", out, "--steps", str(self.args.steps),
+                   "--ckpt-every", str(ckpt_every)]
+        p = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        return p
+
+    def run(self, system, fault, ckpt_every, trial):
+        """One job with one fault; returns its metrics (or an error)."""
+        label = system if ckpt_every == 1 else f"{system}-ckpt{ckpt_every}"
+        out = os.path.join(self.tmp, f"{label}-{fault}-{trial}")
+        os.makedirs(out)
+        self.settle()
+        steps_file = os.path.join(out, "steps.jsonl")
+        t_start = time.time()
+        p = self.start(system, out, ckpt_every, fault)
+        t_fault = t_add = None
+        deadline = time.monotonic() + JOB_TIMEOUT
+        watch_pid = None
+        err = None
+        try:
+            while p.poll() is None and time.monotonic() < deadline:
+                if t_add is not None and time.time() >= t_add:
+                    self.add_node()  # the fresh node, 2 s after the removal
+                    t_add = None
+                if t_fault is None:
+                    recs = read_jsonl(steps_file)
+                    done = [r for r in recs if r["ev"] == "step"]
+                    if fault == "node" and any(r["step"] >= FAULT_STEP for r in done):
+                        if system == "ballast":
+                            victim = agent_ray_node(out, 1)
+                        else:
+                            victim = next(r["node"] for r in reversed(recs) if r["ev"] == "start" and r["rank"] == 1)
+                        if victim is None:
+                            raise RuntimeError("no Ray node hosts node rank 1")
+                        t_fault = time.time()
+                        self.remove(victim)
+                        t_add = t_fault + 2.0
+                    elif fault == "worker":
+                        starts = [r for r in recs if r["ev"] == "start" and r["rank"] == 1]
+                        if system == "ballast":
+                            # --chaos kills rank 1 at step 15: the fault is when its process dies.
+                            if watch_pid is None and starts:
+                                watch_pid = starts[0]["pid"]
+                            if watch_pid is not None and not alive(watch_pid):
+                                t_fault = time.time()
+                        elif any(r["step"] >= FAULT_STEP and r["rank"] == 1 for r in done):
+                            t_fault = time.time()
+                            os.kill(starts[-1]["pid"], signal.SIGKILL)
+                time.sleep(0.01)
+            if p.poll() is None:
+                err = f"timed out after {JOB_TIMEOUT} s"
+                os.killpg(p.pid, signal.SIGKILL)
+            rc = p.wait()
+            t_end = time.time()
+        except BaseException:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            raise
+        finally:
+            if t_add is not None:
+                self.add_node()
+        if rc != 0 and err is None:
+            err = f"driver exit {rc}"
+        # No process of a Ballast job (agents, workers: their command lines name out) may outlive it.
+        left_deadline = time.monotonic() + 20
+        while procs_matching(out) and time.monotonic() < left_deadline:
+            time.sleep(0.2)
+        left = procs_matching(out)
+        if left:
+            err = (err or "") + f"; processes left: {left}"
+            for pid, _ in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        res = {"system": label, "fault": fault, "trial": trial, "out": out, "wall": t_end - t_start, "error": err}
+        res.update(self.metrics(read_jsonl(steps_file), t_fault))
+        if res.get("final_step") != self.args.steps and not err:
+            res["error"] = f"ended at step {res.get('final_step')}"
+        return res
+
+    def metrics(self, recs, t_fault):
+        if t_fault is None:
+            return {"recovery": None, "lost": None, "final_step": max((r["step"] for r in recs if r["ev"] == "step"),
+                                                                     default=None), "note": "no fault injected"}
+        steps = [r for r in recs if r["ev"] == "step"]
+        starts = [r for r in recs if r["ev"] == "start"]
+        before = max((r["step"] for r in steps if r["t"] <= t_fault), default=0)
+        new_incs = {r["inc"]: r for r in starts if r["t"] > t_fault}
+        resumed = min((r["step"] for r in new_incs.values()), default=None)
+        firsts = {}
+        for r in steps:
+            if r["t"] > t_fault and r["inc"] in new_incs:
+                firsts[r["rank"]] = min(firsts.get(r["rank"], r["t"]), r["t"])
+        recovery = max(firsts.values()) - t_fault if len(firsts) == WORLD else None
+        final = {rank: max((r["step"] for r in steps if r["rank"] == rank), default=0) for rank in range(WORLD)}
+        return {"recovery": recovery, "lost": None if resumed is None else before - resumed,
+                "before": before, "resumed": resumed, "final_step": min(final.values()),
+                "restarted_ranks": sorted({r["rank"] for r in new_incs.values()})}
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, nd=2):
+    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--faults", default="node,worker")
+    ap.add_argument("--systems", default="ballast,raytrain")
+    ap.add_argument("--json", help="also write every run's metrics here")
+    # Internal: this file is also the Ballast job's script and the Ray Train job's driver.
+    ap.add_argument("--worker-ballast", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--driver-raytrain", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt-every", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_ballast:
+        return ballast_worker(args.out, args.steps)
+    if args.driver_raytrain:
+        return raytrain_driver(args.out, args.steps, args.ckpt_every)
+
+    systems = [s for s in args.systems.split(",") if s]
+    faults = [f for f in args.faults.split(",") if f]
+    for s in systems:
+        if s not in ("ballast", "raytrain"):
+            ap.error(f"unknown system {s}")
+    for f in faults:
+        if f not in ("node", "worker"):
+            ap.error(f"unknown fault {f}")
+    if "raytrain" in systems:
+        try:
+            import ray.train.torch  # noqa: F401
+        except ImportError as e:
+            sys.exit(f"ray_bench: Ray Train does not import with {sys.executable}: {e!r} (cause: {e.__cause__!r}); "
+                     "see the docstring for a venv with ray[train]'s extras, or pass --systems ballast")
+    plan = []
+    for s in systems:
+        for f in faults:
+            plan.append((s, f, 1))
+        if s == "raytrain" and "node" in faults:
+            plan.append((s, "node", 10))  # the interval a Ray Train user would pick
+
+    bench = Bench(args)
+    results = []
+    t_bench = time.monotonic()
+    try:
+        for trial in range(args.trials):
+            t_trial = time.monotonic()
+            for s, f, every in plan:
+                res = bench.run(s, f, every, trial)
+                results.append(res)
+                print(f"ray_bench: trial {trial} {res['system']:>15} {f:>6}: recovery {fmt(res['recovery'])} s, "
+                      f"steps lost {fmt(res.get('lost'))} (before {res.get('before')}, resumed "
+                      f"{res.get('resumed')}), wall {res['wall']:.1f} s, restarted ranks "
+                      f"{res.get('restarted_ranks')}" + (f"  ERROR: {res['error']} ({res['out']})"
+                                                          if res["error"] else ""), flush=True)
+            print(f"ray_bench: trial {trial} took {time.monotonic() - t_trial:.0f} s", flush=True)
+    finally:
+        bench.close()
+    # Nothing of the cluster may be left.
+    time.sleep(1)
+    left = [(pid, cmd) for pid, cmd in procs_matching("ray") if "ray_bench.py" not in cmd]
+    if left:
+        print(f"ray_bench: processes left after the cluster's shutdown (killed): {left}", flush=True)
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print(f"\nMedians over {args.trials} trial(s); {args.steps} steps of ~{STEP_TIME} s, 2 nodes x 2 ranks, "
+          f"fault at step {FAULT_STEP}; bench took {time.monotonic() - t_bench:.0f} s.\n")
+    print("| system | fault | recovery s | steps lost | wall s | failed runs |")
+    print("|---|---|---|---|---|---|")
+    seen = []
+    for r in results:
+        if (r["system"], r["fault"]) not in seen:
+            seen.append((r["system"], r["fault"]))
+    for system, fault in seen:
+        rs = [r for r in results if (r["system"], r["fault"]) == (system, fault)]
+        ok = [r for r in rs if not r["error"]]
+        print(f"| {system} | {fault} | {fmt(median([r['recovery'] for r in ok]))} | "
+              f"{fmt(median([r['lost'] for r in ok]), 1)} | {fmt(median([r['wall'] for r in ok]), 1)} | "
+              f"{len(rs) - len(ok)}/{len(rs)} |")
+
+
+if __name__ == "__main__":
+    if os.environ.get(NETNS_MARK) != "1" and "--worker-ballast" not in sys.argv and \
+            "--driver-raytrain" not in sys.argv:
+        # A network namespace with only loopback: every Ray node is 127.0.0.1.
+        os.environ[NETNS_MARK] = "1"
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        os.environ["PYTHONPATH"] = PYPATH + (os.pathsep + os.environ["PYTHONPATH"]
+                                             if os.environ.get("PYTHONPATH") else "")
+        os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                              sys.executable, *sys.argv])
+    main()

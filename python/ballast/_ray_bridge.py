@@ -1,0 +1,324 @@
+"""The Ray bridge of `ballast ray run`: the only part of Ballast that speaks Ray.
+
+`ballast ray run` (C++: src/cli/cmd_ray.cc) runs the job's master and its
+replacement policy (NodeManager); it starts this script as a child process and
+talks to it over fd 3, one JSON object per line (the protocol is described in
+src/scheduler/ray/ray_scheduler.h). The bridge connects to the Ray cluster as
+a driver, places one agent actor per Ray node (hard node affinity, the
+per-node CPUs, GPUs and custom resources requested, so no second agent of the
+job lands on a node and other jobs see the node taken), starts the agent
+(`ballast run`) in it, and reports what Ray saw: started on which node, the
+agent's exit status, the actor or its node dead (Ray's death notice: faster
+than a heartbeat timeout), no free node.
+
+It is run as a file (runpy), not imported as `ballast._ray_bridge`: importing
+the `ballast` package imports torch, seconds the driver does not need, and
+classes defined in `__main__` travel to the Ray nodes by value.
+
+Nothing is left behind: the agent actors belong to this driver (Ray kills them
+when it goes), each agent dies with its actor (PR_SET_PDEATHSIG), and each
+worker with its agent; on EOF, SIGTERM or stop_all every agent gets SIGTERM,
+then SIGKILL after the grace, and its actor is killed.
+"""
+import ctypes
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    # In the agent's child, before exec: SIGKILL when the actor's thread that
+    # forked it goes (the actor process dying, or being killed by Ray).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _Agent:
+    """One node of the job: runs `ballast run` on the Ray node it was placed on."""
+
+    def __init__(self, name, node_rank):
+        self.name = name
+        self.node_rank = node_rank
+        self.proc = None
+
+    def __repr__(self):
+        # Ray prefixes the lines this actor prints with it: "(node-1 rank 1 pid=..)".
+        return f"{self.name} node-rank={self.node_rank}"
+
+    def start(self, argv, env):
+        import ray
+        exe = argv[0]
+        if not os.access(exe, os.X_OK):
+            # Another machine: the same Ballast installed elsewhere on it.
+            found = shutil.which("ballast")
+            if found is None:
+                raise RuntimeError(f"Ray node {ray.util.get_node_ip_address()}: no ballast binary at {exe} and no "
+                                   "`ballast` on PATH; install Ballast on every node (pip install ballast)")
+            argv = [found] + argv[1:]
+        full = dict(os.environ)
+        full.update(env)
+        self.proc = subprocess.Popen(argv, env=full, preexec_fn=_die_with_parent)
+        ctx = ray.get_runtime_context()
+        return {"pid": self.proc.pid, "node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+    def wait(self):
+        return self.proc.wait()
+
+    def stop(self, grace):
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def _host(node_id, ip):
+    return f"ray:{node_id[:12]}@{ip}"
+
+
+class Bridge:
+    def __init__(self, sock, opts):
+        self.sock = sock
+        self.opts = opts
+        self.buf = b""
+        self.nodes = {}        # name -> dict(actor, node_id, host, start_ref, wait_ref, rank)
+        self.pending = []      # launch requests waiting for a free node, oldest first
+        self.stopping = []     # (actor, stop_ref, deadline)
+        self.ray = None
+        self.agent_cls = None
+        self._alive = []
+        self._alive_at = 0.0
+
+    # --- the protocol ---
+    def send(self, **event):
+        data = (json.dumps(event) + "\n").encode()
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            pass  # the driver is gone; the loop ends on EOF
+
+    def read_ops(self, timeout):
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        ready = sel.select(timeout)
+        sel.close()
+        if not ready:
+            return []
+        data = self.sock.recv(65536)
+        if not data:
+            return None  # EOF: the driver ended
+        self.buf += data
+        ops = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            if line.strip():
+                ops.append(json.loads(line))
+        return ops
+
+    # --- Ray ---
+    def connect(self):
+        try:
+            import ray
+        except ImportError:
+            self.send(ev="error", message=(
+                f"Ray is not installed for {sys.executable}: install it there (pip install 'ballast[ray]', or "
+                "ray[default]), or point --bridge-python at an interpreter that has it"))
+            return False
+        self.ray = ray
+        address = self.opts.get("address") or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            ray.init(address=address, namespace=self.opts.get("namespace") or None,
+                     logging_level="WARNING", log_to_driver=True)
+        except Exception as e:  # ConnectionError, ValueError: no cluster there
+            self.send(ev="error", message=(
+                f"cannot connect to a Ray cluster at {address}: {e}. Start one (`ray start --head`), or give its "
+                "address with --address or RAY_ADDRESS"))
+            return False
+        self.agent_cls = ray.remote(_Agent)
+        alive = self.alive_nodes(force=True)
+        self.send(ev="ready", nodes=len(alive), address=address, ip=ray.util.get_node_ip_address())
+        return True
+
+    def alive_nodes(self, force=False):
+        now = time.monotonic()
+        if force or now - self._alive_at > 0.5:
+            self._alive = [n for n in self.ray.nodes() if n.get("Alive")]
+            self._alive_at = now
+        return self._alive
+
+    def fits(self, node):
+        res = node.get("Resources", {})
+        want = {"CPU": self.opts.get("cpus", 1), "GPU": self.opts.get("gpus", 0)}
+        want.update(self.opts.get("resources") or {})
+        return all(res.get(k, 0) >= v for k, v in want.items() if v)
+
+    def free_node(self, avoid):
+        busy = {n["node_id"] for n in self.nodes.values()}
+        for node in self.alive_nodes():
+            nid = node["NodeID"]
+            if nid in busy or _host(nid, node.get("NodeManagerAddress", "")) in avoid:
+                continue
+            if self.fits(node):
+                return node
+        return None
+
+    def place(self):
+        still = []
+        for req in self.pending:
+            node = self.free_node(set(req.get("avoid") or []))
+            if node is None:
+                if not req.get("reported") and time.monotonic() - req["since"] > self.opts.get("pending_s", 10):
+                    req["reported"] = True
+                    self.send(ev="pending", name=req["name"], reason=self.no_node_reason(req))
+                still.append(req)
+                continue
+            self.start(req, node)
+        self.pending = still
+
+    def no_node_reason(self, req):
+        alive = self.alive_nodes()
+        fit = [n for n in alive if self.fits(n)]
+        want = {"CPU": self.opts.get("cpus", 1), "GPU": self.opts.get("gpus", 0), **(self.opts.get("resources") or {})}
+        want = {k: v for k, v in want.items() if v}
+        return (f"no free Ray node: {len(alive)} alive, {len(fit)} with the resources an agent takes ({want}), "
+                f"{len(self.nodes)} already run one of this job's agents"
+                + (f", {len(req.get('avoid') or [])} avoided" if req.get("avoid") else ""))
+
+    def start(self, req, node):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        nid = node["NodeID"]
+        resources = dict(self.opts.get("resources") or {})
+        actor = self.agent_cls.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nid, soft=False),
+            num_cpus=self.opts.get("cpus", 1), num_gpus=self.opts.get("gpus", 0), resources=resources,
+            max_restarts=0, max_task_retries=0, max_concurrency=4,
+        ).remote(req["name"], req["node_rank"])
+        env = dict(req.get("env") or {})
+        env["BALLAST_RAY_NODE_ID"] = nid
+        self.nodes[req["name"]] = {
+            "actor": actor, "node_id": nid, "host": _host(nid, node.get("NodeManagerAddress", "")),
+            "start_ref": actor.start.remote(req["argv"], env), "wait_ref": None,
+        }
+
+    def node_gone_reason(self, n, err):
+        alive = {x["NodeID"] for x in self.alive_nodes(force=True)}
+        if n["node_id"] not in alive:
+            return f"Ray node {n['host']} died (Ray's health check)"
+        return f"Ray reports its agent actor dead on node {n['host']}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+    def watch(self):
+        ray = self.ray
+        refs = {}
+        for name, n in self.nodes.items():
+            ref = n["wait_ref"] if n["wait_ref"] is not None else n["start_ref"]
+            refs[ref] = name
+        if refs:
+            done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+            for ref in done:
+                name = refs[ref]
+                n = self.nodes[name]
+                try:
+                    value = ray.get(ref)
+                except ray.exceptions.ActorUnavailableError:
+                    # Unreachable for now, not dead: ask again.
+                    if n["wait_ref"] is not None:
+                        n["wait_ref"] = n["actor"].wait.remote()
+                    continue
+                except Exception as e:  # ActorDiedError, RayActorError, a start that raised
+                    del self.nodes[name]
+                    self.send(ev="lost", name=name, host=n["host"], reason=self.node_gone_reason(n, e))
+                    continue
+                if n["wait_ref"] is None:
+                    n["host"] = _host(value["node_id"], value["ip"])
+                    n["wait_ref"] = n["actor"].wait.remote()
+                    self.send(ev="started", name=name, host=n["host"])
+                else:
+                    del self.nodes[name]
+                    code = value if value >= 0 else 0
+                    sig = -value if value < 0 else 0
+                    self.send(ev="exited", name=name, host=n["host"], code=code, signal=sig)
+                    self.stopping.append((n["actor"], None, time.monotonic()))
+        # Actors of released or ended nodes: killed once their stop returned or its grace ran out.
+        now = time.monotonic()
+        keep = []
+        for actor, ref, deadline in self.stopping:
+            finished = ref is None or ray.wait([ref], timeout=0)[0]
+            if finished or now > deadline:
+                ray.kill(actor, no_restart=True)
+            else:
+                keep.append((actor, ref, deadline))
+        self.stopping = keep
+
+    def release(self, name, grace):
+        self.pending = [r for r in self.pending if r["name"] != name]
+        n = self.nodes.pop(name, None)
+        if n is not None:
+            self.stopping.append((n["actor"], n["actor"].stop.remote(grace), time.monotonic() + grace + 5))
+
+    def stop_all(self, grace):
+        self.pending = []
+        for name in list(self.nodes):
+            self.release(name, grace)
+        deadline = time.monotonic() + grace + 5
+        while self.stopping and time.monotonic() < deadline:
+            self.watch()
+            time.sleep(0.05)
+        for actor, _, _ in self.stopping:
+            self.ray.kill(actor, no_restart=True)
+        self.stopping = []
+
+    def run(self):
+        if not self.connect():
+            return 1
+        while True:
+            ops = self.read_ops(0.05)
+            if ops is None:
+                self.stop_all(0)
+                return 0
+            for op in ops:
+                kind = op.get("op")
+                if kind == "launch":
+                    op["since"] = time.monotonic()
+                    self.pending.append(op)
+                elif kind == "release":
+                    self.release(op["name"], float(op.get("grace", 5)))
+                elif kind == "stop_all":
+                    self.stop_all(float(op.get("grace", 5)))
+                    self.send(ev="stopped")
+            if self.pending:
+                self.place()
+            self.watch()
+
+
+def main():
+    opts = json.loads(os.environ.get("BALLAST_RAY_OPTIONS", "{}"))
+    sock = socket.socket(fileno=int(os.environ.get("BALLAST_RAY_BRIDGE_FD", "3")))
+    bridge = Bridge(sock, opts)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return bridge.run()
+    finally:
+        if bridge.ray is not None and (bridge.nodes or bridge.stopping):
+            try:
+                bridge.stop_all(0)
+            except Exception:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

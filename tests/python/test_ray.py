@@ -1,0 +1,254 @@
+"""`ballast ray run` on a real Ray cluster (PyPI's ray, pinned: scripts/ray-venv.sh).
+
+A head (no CPUs: no agent lands there) and 3 nodes of 1 CPU started with
+ray.cluster_utils on this machine, inside a network namespace that has only
+loopback (the test re-executes itself under `unshare -n`: Ray would bind the
+machine's routable address otherwise). Ray's health checks every 200 ms, so a
+removed node is reported dead in about half a second.
+
+The jobs: 2 nodes x 2 workers of DDP (tests/integration/scripts/health_train.py:
+flash checkpoints every step with peer replicas, the ElasticSampler, progress
+reports with the loss), each agent an actor on its own Ray node.
+  - a worker killed: restarted in place, from memory; Ray does nothing;
+  - a node removed without grace mid-training: its agent and workers die with it,
+    Ray reports it dead, the job's replacement goes to the free third node, and
+    every rank resumes the agreed step (the lost node's from its peer's replica):
+    the final weights equal a fault-free run's, bit for bit;
+  - a node removed with no Ray node free: the job goes on with MIN nodes; a node
+    added later takes the pending replacement and the job scales back up, and
+    every epoch's samples are trained exactly once (test_sampler_elastic's check);
+  - the driver killed with SIGKILL: nothing of the job is left on any node.
+After every job, no process of it (agent or worker) remains.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "../integration/scripts/health_train.py")
+SAMPLER_SCRIPT = os.path.join(HERE, "scripts", "sampler_train.py")
+BALLAST = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
+NETNS_MARK = "BALLAST_TEST_RAY_NETNS"
+
+if __name__ == "__main__" and os.environ.get(NETNS_MARK) != "1":
+    # A network namespace with only loopback: every Ray node is 127.0.0.1.
+    os.environ[NETNS_MARK] = "1"
+    os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                          sys.executable, *sys.argv])
+
+import ray  # noqa: E402
+from test_sampler_elastic import BATCH, EPOCHS, SIZE, check_lineage, read_events  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_timeout_ms": 200,
+          "health_check_failure_threshold": 3}
+STORE = 80 << 20  # the smallest object store Ray accepts is 75 MiB
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def job_processes(marker):
+    """pids of processes whose command line mentions marker (the job's output dir)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            pids.append((int(d), cmd[:200]))
+    return pids
+
+
+def agent_ray_node(out, node_rank):
+    """The Ray node id of the running agent of node rank node_rank (from its environment)."""
+    for pid, cmd in job_processes(out):
+        if " run " not in cmd or f"--node-rank {node_rank} " not in cmd:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"BALLAST_RAY_NODE_ID" in env:
+            return env[b"BALLAST_RAY_NODE_ID"].decode()
+    return None
+
+
+class RayJobs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if os.environ.get(NETNS_MARK) != "1":
+            raise RuntimeError("run test_ray.py as a script (python test_ray.py): it enters a loopback-only "
+                               "network namespace first")
+        cls.tmp = tempfile.mkdtemp(prefix="ballast-ray-", dir=os.environ.get("BALLAST_TEST_OUTPUT"))
+        cls.python = sys.executable
+        t0 = time.monotonic()
+        cls.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "object_store_memory": STORE, "_system_config": HEALTH})
+        cls.nodes = [cls.cluster.add_node(num_cpus=1, object_store_memory=STORE) for _ in range(3)]
+        cls.cluster.wait_for_nodes()
+        print(f"test_ray: a Ray head and 3 nodes up in {time.monotonic() - t0:.1f} s at {cls.cluster.address}",
+              flush=True)
+        cls.env = dict(os.environ, RAY_ADDRESS=cls.cluster.address, RAY_USAGE_STATS_ENABLED="0")
+        # The reference: the same job without a fault (and without Ray).
+        cls.clean = cls.run_launch("clean")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.shutdown()
+
+    @classmethod
+    def run_launch(cls, name):
+        out = os.path.join(cls.tmp, name)
+        os.makedirs(out)
+        p = subprocess.run([BALLAST, "launch", "--python", cls.python, "--nodes", "2", "--nproc-per-node", "2",
+                            SCRIPT, "--out", out, "--steps", "24", "--persist-every", "0"],
+                           env=cls.env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+        return read_jsonl(os.path.join(out, "events.jsonl"))[-1]
+
+    def start_job(self, name, nodes, *flags, steps=24, step_time=0.02, persist_every=0):
+        out = os.path.join(self.tmp, name)
+        os.makedirs(out)
+        log = open(os.path.join(out, "driver.log"), "w")
+        p = subprocess.Popen([BALLAST, "ray", "run", "--python", self.python, "--nodes", nodes,
+                              "--nproc-per-node", "2", *flags, SCRIPT, "--out", out, "--steps", str(steps),
+                              "--persist-every", str(persist_every), "--log-weights", "--step-time", str(step_time)],
+                             env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return p, out
+
+    def finish(self, p, out, timeout=300):
+        try:
+            rc = p.wait(timeout=timeout)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        with open(os.path.join(out, "driver.log")) as f:
+            log = f.read()
+        self.assertNoneLeft(out)
+        return rc, log, read_jsonl(os.path.join(out, "events.jsonl")), read_jsonl(os.path.join(out, "starts.jsonl"))
+
+    def assertNoneLeft(self, out, within=15):
+        deadline = time.monotonic() + within
+        while job_processes(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(job_processes(out), [], "processes of the job outlived it")
+
+    def wait_step(self, out, step, p, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            steps = [e["step"] for e in read_jsonl(os.path.join(out, "events.jsonl")) if e["ev"] == "weights"]
+            if steps and steps[-1] >= step:
+                return steps[-1]
+            self.assertIsNone(p.poll(), "the job ended early")
+            time.sleep(0.05)
+        self.fail(f"the job did not reach step {step} within {timeout} s")
+
+    def remove(self, node_id):
+        """Removes a Ray node without grace: its raylet and every process of it are killed."""
+        node = next((n for n in self.nodes if n.node_id == node_id), None)
+        self.assertIsNotNone(node, f"Ray node {node_id} is not one of the test's")
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.nodes.remove(node)
+
+    def test_1_a_killed_worker_restarts_in_place(self):
+        p, out = self.start_job("worker", "2", "--chaos", "kill-worker:rank=1,at_step=12")
+        rc, log, events, starts = self.finish(p, out)
+        self.assertEqual(rc, 0, log[-6000:])
+        self.assertEqual([s["source"] for s in events if s["ev"] == "start"], [None, "memory"], log[-3000:])
+        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
+        self.assertIn("0 node replacement(s)", log)
+        # Every agent's lines reach the driver, named by the node and its rank.
+        self.assertIn("(node-0 node-rank=0", log)
+        self.assertIn("(node-1 node-rank=1", log)
+        self.assertIn("summary: goodput", log)
+
+    def test_2_a_lost_node_is_replaced_on_a_free_ray_node(self):
+        p, out = self.start_job("node", "2", step_time=0.3)
+        self.wait_step(out, 8, p)
+        victim = agent_ray_node(out, 1)
+        self.assertIsNotNone(victim, "no agent of node rank 1 runs")
+        t_remove = time.time()
+        self.remove(victim)
+        rc, log, events, starts = self.finish(p, out)
+        self.assertEqual(rc, 0, log[-6000:])
+        self.assertIn("died (Ray's health check)", log)
+        self.assertIn("1 node replacement(s)", log)
+        resumed = [s for s in starts if s["round"] > 1]
+        self.assertEqual(len({s["rank"] for s in resumed}), 4, starts)
+        self.assertEqual(len({(s["step"], s["sha256"]) for s in resumed}), 1, "the ranks resumed different states")
+        self.assertGreaterEqual(resumed[0]["step"], 8, starts)
+        self.assertTrue(all(s["source"] in ("memory", "replica") for s in resumed), starts)
+        self.assertEqual((events[-1]["ev"], events[-1]["step"]), ("done", 24))
+        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
+        first_after = min(e["t"] for e in events if e["ev"] == "weights" and e["round"] > 1)
+        print(f"test_ray: node removed at step >= 8, training again {first_after - t_remove:.2f} s later",
+              flush=True)
+
+    def test_3_with_no_free_node_the_job_shrinks_and_grows_back(self):
+        # Two Ray nodes are left, both taken by the job: a lost one cannot be replaced until one is added.
+        # The script is test_sampler_elastic's (1 worker per node, each step persisted: a node that joins
+        # later takes rank 0's replicated state), which logs every sample each rank trains.
+        self.assertEqual(len(self.nodes), 2)
+        out = os.path.join(self.tmp, "shrink")
+        os.makedirs(out)
+        log = open(os.path.join(out, "driver.log"), "w")
+        p = subprocess.Popen([BALLAST, "ray", "run", "--python", self.python, "--nodes", "1:2",
+                              "--nproc-per-node", "1", SAMPLER_SCRIPT, "--out", out, "--epochs", str(EPOCHS),
+                              "--size", str(SIZE), "--batch", str(BATCH), "--step-time", "0.1"],
+                             env=dict(self.env, BALLAST_RAY_PENDING_S="1"), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def rounds():
+            return {e["round"] for e in read_events(out) if e["ev"] == "train"}
+
+        deadline = time.monotonic() + 120
+        while not rounds() and time.monotonic() < deadline:
+            self.assertIsNone(p.poll(), "the job ended early")
+            time.sleep(0.1)
+        time.sleep(1)
+        victim = agent_ray_node(out, 1)
+        self.assertIsNotNone(victim)
+        self.remove(victim)
+        # Training goes on with one node before a Ray node is added.
+        while len(rounds()) < 2 and time.monotonic() < deadline:
+            self.assertIsNone(p.poll(), "the job ended early")
+            time.sleep(0.1)
+        time.sleep(2)
+        self.nodes.append(self.cluster.add_node(num_cpus=1, object_store_memory=STORE))
+        rc, log, _, _ = self.finish(p, out)
+        self.assertEqual(rc, 0, log[-6000:])
+        self.assertIn("has not started: no free Ray node", log, log[-3000:])
+        lineage, redone = check_lineage(self, out)
+        worlds = [w for _, w, _, _, _ in lineage]
+        self.assertEqual((worlds[0], worlds[-1]), (2, 2), lineage)
+        self.assertIn(1, worlds, lineage)
+        print(f"test_ray: lineage (round, world, steps): {[(r, w, lo, hi) for r, w, lo, hi, _ in lineage]}; "
+              f"{redone} rank-step(s) redone", flush=True)
+
+    def test_4_a_killed_driver_leaves_nothing_behind(self):
+        p, out = self.start_job("driver", "2", steps=200, step_time=0.3)
+        self.wait_step(out, 3, p)
+        self.assertTrue(job_processes(out))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        self.assertNoneLeft(out, within=30)
+
+
+if __name__ == "__main__":
+    unittest.main()
