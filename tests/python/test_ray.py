@@ -17,7 +17,11 @@ reports with the loss), each agent an actor on its own Ray node.
   - a node removed with no Ray node free: the job goes on with MIN nodes; a node
     added later takes the pending replacement and the job scales back up, and
     every epoch's samples are trained exactly once (test_sampler_elastic's check);
-  - the driver killed with SIGKILL: nothing of the job is left on any node.
+  - the driver killed with SIGKILL: nothing of the job is left on any node;
+  - `ray job submit` through the dashboard's Jobs API (a worker killed: the job
+    succeeds, `ray job logs` has every node's lines), and `ray job stop`;
+  - the Python API, ballast.ray.run();
+  - the master process killed (--journal: restarted from its journal, the workers train on).
 After every job, no process of it (agent or worker) remains.
 """
 import json
@@ -98,7 +102,8 @@ class RayJobs(unittest.TestCase):
         cls.python = sys.executable
         t0 = time.monotonic()
         cls.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "object_store_memory": STORE, "_system_config": HEALTH})
+            "num_cpus": 0, "object_store_memory": STORE, "_system_config": HEALTH,
+            "include_dashboard": True, "dashboard_port": 0})  # the Jobs API (`ray job submit`)
         cls.nodes = [cls.cluster.add_node(num_cpus=1, object_store_memory=STORE) for _ in range(3)]
         cls.cluster.wait_for_nodes()
         print(f"test_ray: a Ray head and 3 nodes up in {time.monotonic() - t0:.1f} s at {cls.cluster.address}",
@@ -121,12 +126,12 @@ class RayJobs(unittest.TestCase):
         assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
         return read_jsonl(os.path.join(out, "events.jsonl"))[-1]
 
-    def start_job(self, name, nodes, *flags, steps=24, step_time=0.02, persist_every=0):
+    def start_job(self, name, nodes, *flags, steps=24, step_time=0.02, persist_every=0, nproc=2):
         out = os.path.join(self.tmp, name)
         os.makedirs(out)
         log = open(os.path.join(out, "driver.log"), "w")
         p = subprocess.Popen([BALLAST, "ray", "run", "--python", self.python, "--nodes", nodes,
-                              "--nproc-per-node", "2", *flags, SCRIPT, "--out", out, "--steps", str(steps),
+                              "--nproc-per-node", str(nproc), *flags, SCRIPT, "--out", out, "--steps", str(steps),
                               "--persist-every", str(persist_every), "--log-weights", "--step-time", str(step_time)],
                              env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -248,6 +253,78 @@ class RayJobs(unittest.TestCase):
         p.send_signal(signal.SIGKILL)
         p.wait()
         self.assertNoneLeft(out, within=30)
+
+    def submit(self, name, *args):
+        """Submits `ballast ray run ARGS` through the dashboard's Jobs API, as `ray job submit -- ...` does."""
+        from ray.job_submission import JobSubmissionClient
+        out = os.path.join(self.tmp, name)
+        os.makedirs(out)
+        client = JobSubmissionClient("http://" + self.cluster.head_node.address_info["webui_url"])
+        env = {k: v for k, v in self.env.items() if k in ("PYTHONPATH", "BALLAST_PYTHON", "OMP_NUM_THREADS")}
+        entry = " ".join([BALLAST, "ray", "run", "--python", self.python, *args, "--out", out])
+        return client, client.submit_job(entrypoint=entry, runtime_env={"env_vars": env}), out
+
+    def wait_job(self, client, job, timeout=180):
+        from ray.job_submission import JobStatus
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = client.get_job_status(job)
+            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                return status, client.get_job_logs(job)
+            time.sleep(0.3)
+        self.fail(f"Ray job {job} did not end within {timeout} s: {client.get_job_logs(job)[-3000:]}")
+
+    def test_5_ray_job_submit_and_ray_job_stop(self):
+        from ray.job_submission import JobStatus
+        client, job, out = self.submit("submitted", "--nodes", "2", "--nproc-per-node", "1", "--chaos",
+                                       "kill-worker:rank=1,at_step=6", SCRIPT, "--steps", "12",
+                                       "--persist-every", "0")
+        status, logs = self.wait_job(client, job)
+        self.assertEqual(status, JobStatus.SUCCEEDED, logs[-4000:])
+        # `ray job logs` shows the agents' lines (named by Ray with the node and its node rank) and the summary.
+        self.assertIn("(node-1 node-rank=1", logs)
+        self.assertIn("1 worker restart(s)", logs)
+        self.assertEqual([e["source"] for e in read_jsonl(os.path.join(out, "events.jsonl")) if e["ev"] == "start"],
+                         [None, "memory"])
+        self.assertNoneLeft(out)
+
+        client, job, out = self.submit("stopped", "--nodes", "2", "--nproc-per-node", "1", SCRIPT, "--steps", "400",
+                                       "--persist-every", "0", "--log-weights", "--step-time", "0.3")
+        deadline = time.monotonic() + 120
+        while not any(e["ev"] == "weights" for e in read_jsonl(os.path.join(out, "events.jsonl"))):
+            self.assertLess(time.monotonic(), deadline, client.get_job_logs(job)[-3000:])
+            time.sleep(0.2)
+        self.assertTrue(job_processes(out))
+        client.stop_job(job)
+        status, logs = self.wait_job(client, job, timeout=60)
+        self.assertEqual(status, JobStatus.STOPPED, logs[-3000:])
+        self.assertNoneLeft(out)
+
+    def test_6_the_python_api(self):
+        import ballast.ray
+        out = os.path.join(self.tmp, "api")
+        os.makedirs(out)
+        result = ballast.ray.run(SCRIPT, ["--out", out, "--steps", "8", "--persist-every", "0"], nodes="1:2",
+                                 nproc_per_node=1, cpus_per_node=1, max_restarts=2, env=self.env)
+        self.assertEqual(result.exit_code, 0)
+        self.assertRegex(result.summary or "", r"^job ballast-\w+ summary: goodput ")
+        self.assertEqual(read_jsonl(os.path.join(out, "events.jsonl"))[-1]["step"], 8)
+        self.assertNoneLeft(out)
+        # Bad flags: the command's usage error, exit code 2.
+        self.assertEqual(ballast.ray.run(SCRIPT, nodes="2", no_such_flag=1, env=self.env).exit_code, 2)
+        self.assertEqual(ballast.ray.flags_to_argv({"nproc_per_node": 8, "network_check": True, "chaos": None,
+                                                    "ray_resources": '{"a": 1}'}),
+                         ["--nproc-per-node", "8", "--network-check", "--ray-resources", '{"a": 1}'])
+
+    def test_7_the_master_process_killed(self):
+        # With --journal the master runs in a child process of the driver, restarted from its journal.
+        p, out = self.start_job("master", "2", "--journal", os.path.join(self.tmp, "master-journal"), "--chaos",
+                                "kill-master:at_step=6", nproc=1, steps=30, step_time=0.1)
+        rc, log, events, _ = self.finish(p, out)
+        self.assertEqual(rc, 0, log[-6000:])
+        self.assertIn("the job master restarted and resumed the job from its journal", log)
+        self.assertEqual(len([e for e in events if e["ev"] == "start"]), 1, "the workers restarted")
+        self.assertEqual(events[-1]["step"], 30)
 
 
 if __name__ == "__main__":
