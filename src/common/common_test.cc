@@ -98,6 +98,19 @@ TEST(PickFreePort, ReturnsUsablePort) {
   EXPECT_GT(*port, 0);
 }
 
+TEST(PickFreePort, StaysBelowTheEphemeralRange) {
+  // Outgoing connections take their local ports from the ephemeral range: a
+  // port picked there could be gone before its user binds it.
+  const int low = EphemeralPortLow();
+  ASSERT_GT(low, kLowestPickedPort + 100) << "this machine's ephemeral range starts too low for the test";
+  for (int i = 0; i < 50; ++i) {
+    auto port = PickFreePort("127.0.0.1");
+    ASSERT_TRUE(port.ok());
+    EXPECT_GE(*port, kLowestPickedPort);
+    EXPECT_LT(*port, low);
+  }
+}
+
 TEST(RandomHex, LengthAndAlphabet) {
   std::string h = RandomHex(16);
   EXPECT_EQ(h.size(), 32u);

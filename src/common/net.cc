@@ -66,22 +66,52 @@ absl::StatusOr<Endpoint> ParseEndpoint(const std::string& text, int default_port
   return ep;
 }
 
-absl::StatusOr<int> PickFreePort(const std::string& host) {
+namespace {
+
+// Binds a TCP socket to host:port (0: any), returns the port bound or -1 (errno set).
+int BindPort(const std::string& host, int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (fd < 0) return -1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = 0;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) addr.sin_addr.s_addr = htonl(INADDR_ANY);
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int e = errno;
+    const int e = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("bind: ", std::strerror(e)));
+    errno = e;
+    return -1;
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
   close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
+
+int EphemeralPortLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  if (!(f >> low) || low <= 0) low = 32768;
+  return low;
+}
+
+absl::StatusOr<int> PickFreePort(const std::string& host) {
+  // Below the ephemeral range: the kernel hands a bind to port 0, and every
+  // outgoing connection its local port, from that range, so a port picked
+  // there can be taken by some connection before the process it is meant for
+  // binds it (a worker's TCPStore then fails with EADDRINUSE).
+  const int low = EphemeralPortLow();
+  if (low > kLowestPickedPort + 100) {
+    thread_local std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<int> pick(kLowestPickedPort, low - 1);
+    for (int i = 0; i < 200; ++i) {
+      if (const int port = BindPort(host, pick(rng)); port > 0) return port;
+    }
+  }
+  const int port = BindPort(host, 0);
+  if (port < 0) return absl::UnavailableError(absl::StrCat("bind: ", std::strerror(errno)));
   return port;
 }
 

@@ -22,8 +22,14 @@ struct Endpoint {
 // Parses "host:port", "[v6]:port" or "host" (port = default_port).
 absl::StatusOr<Endpoint> ParseEndpoint(const std::string& text, int default_port = -1);
 
-// A TCP port that was free on `host` a moment ago (bind to port 0, read it back).
+// A TCP port that was free on `host` a moment ago: a random one from
+// kLowestPickedPort up to below the kernel's ephemeral port range (where no
+// outgoing connection can take it before its user binds it), else (that range
+// full) one the kernel picks.
 absl::StatusOr<int> PickFreePort(const std::string& host = "0.0.0.0");
+inline constexpr int kLowestPickedPort = 10000;
+// The first port of the kernel's ephemeral range (ip_local_port_range; 32768 if unreadable).
+int EphemeralPortLow();
 
 // This machine's host name (gethostname), "localhost" if unavailable.
 std::string HostName();
