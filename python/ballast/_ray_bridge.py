@@ -209,6 +209,7 @@ class Bridge:
         self.nodes[req["name"]] = {
             "actor": actor, "node_id": nid, "host": _host(nid, node.get("NodeManagerAddress", "")),
             "start_ref": actor.start.remote(req["argv"], env), "wait_ref": None,
+            "since": time.monotonic(), "reported": False,
         }
 
     def node_gone_reason(self, n, err):
@@ -249,8 +250,15 @@ class Bridge:
                     sig = -value if value < 0 else 0
                     self.send(ev="exited", name=name, host=n["host"], code=code, signal=sig)
                     self.stopping.append((n["actor"], None, time.monotonic()))
-        # Actors of released or ended nodes: killed once their stop returned or its grace ran out.
+        # An actor Ray has not started (the node's resources taken by another job's actors): said once.
         now = time.monotonic()
+        for name, n in self.nodes.items():
+            if n["wait_ref"] is None and not n["reported"] and now - n["since"] > self.opts.get("pending_s", 10):
+                n["reported"] = True
+                self.send(ev="pending", name=name, reason=(
+                    f"its agent actor on Ray node {n['host']} has not started: Ray has not scheduled it there "
+                    "(are the node's CPUs, GPUs or custom resources taken by other actors?)"))
+        # Actors of released or ended nodes: killed once their stop returned or its grace ran out.
         keep = []
         for actor, ref, deadline in self.stopping:
             finished = ref is None or ray.wait([ref], timeout=0)[0]

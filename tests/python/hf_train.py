@@ -24,7 +24,7 @@ p.add_argument("--ckpt", required=True)
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--kill-step", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
-p.add_argument("--save-every", type=int, default=1)
+p.add_argument("--save-every", default="1", help="N, or auto[:MAX] (Ballast picks the interval)")
 args = p.parse_args()
 
 
@@ -57,7 +57,7 @@ targs = TrainingArguments(output_dir=os.path.join(args.out, "hf"), max_steps=arg
                           per_device_train_batch_size=2, learning_rate=1e-3, lr_scheduler_type="linear",
                           warmup_steps=2, save_strategy="no", report_to=[], logging_steps=1, seed=0,
                           use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True)
-ballast_cb = BallastCallback(args.ckpt, save_every=args.save_every)
+ballast_cb = BallastCallback(args.ckpt, save_every=int(args.save_every) if args.save_every.isdigit() else args.save_every)
 trainer = Trainer(model=model, args=targs, train_dataset=Tokens(), callbacks=[ballast_cb, Fault()])
 trainer.train()
 # As the example does: torch 2.x's gloo can abort at interpreter exit while it

@@ -46,6 +46,13 @@ class HuggingFaceTrainer(TestCase):
         # The parameters and AdamW's two moments, float32.
         self.assertGreaterEqual(faulty["reserved_bytes"] or 0, 3 * 4 * faulty["params"], faulty)
         self.assertEqual(faulty["sha256"], clean["sha256"], "the resumed run must end with the same weights")
+        # save_every="auto:3": Ballast picks the interval (at most 3 steps); the kill at step 6 goes back to
+        # the last step it copied, and the steps after it are trained again to the same weights.
+        auto, log = self.run_job("auto", "--kill-step", "6", "--save-every", "auto:3")
+        self.assertIn("killed by SIGKILL", log)
+        self.assertEqual((auto["source"], auto["global_step"]), ("memory", 12), log)
+        self.assertIn(auto["resumed_step"], range(3, 7), log)
+        self.assertEqual(auto["sha256"], clean["sha256"], "the resumed run must end with the same weights")
 
     def test_a_nan_loss_rolls_back_to_the_step_before_and_the_run_ends_as_without_it(self):
         # Rank 1 reports a NaN loss at step 5 (the callback passes the
