@@ -47,7 +47,8 @@ Run (as root, from the repository root; every process of the cluster uses this i
     build/venv-ray/bin/python bench/ray_bench.py --systems ballast        # Ballast only
 
 Options: --trials N (3), --steps N (60), --faults node,worker, --systems ballast,raytrain,
---json FILE. One trial (5 jobs) takes about 3-4 minutes on a 2-core machine. Not a test:
+--json FILE. One trial (5 jobs) takes about 7 minutes on a 2-core machine (Ballast's 2 jobs ~1 min,
+Ray Train's 3 ~6 min: a checkpoint reported every step costs it ~1.8 s), plus ~15 s to start the cluster. Not a test:
 numbers go into notes and docs.
 """
 import argparse
@@ -284,6 +285,7 @@ class Bench:
         self.add_node()
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False)
+        self.session_dir = ray._private.worker._global_node.get_session_dir_path()
         print(f"ray_bench: a Ray head and 3 nodes up in {time.monotonic() - t0:.1f} s at {self.cluster.address}; "
               f"output in {self.tmp}", flush=True)
         self.env = dict(os.environ, RAY_ADDRESS=self.cluster.address, RAY_USAGE_STATS_ENABLED="0")
@@ -409,8 +411,10 @@ class Bench:
                                                                      default=None), "note": "no fault injected"}
         steps = [r for r in recs if r["ev"] == "step"]
         starts = [r for r in recs if r["ev"] == "start"]
-        before = max((r["step"] for r in steps if r["t"] <= t_fault), default=0)
         new_incs = {r["inc"]: r for r in starts if r["t"] > t_fault}
+        # The highest step the incarnations from before the fault completed (ranks of a lost node may
+        # finish a step or two after the removal, before their processes die).
+        before = max((r["step"] for r in steps if r["inc"] not in new_incs), default=0)
         resumed = min((r["step"] for r in new_incs.values()), default=None)
         firsts = {}
         for r in steps:
@@ -490,7 +494,7 @@ def main():
         bench.close()
     # Nothing of the cluster may be left.
     time.sleep(1)
-    left = [(pid, cmd) for pid, cmd in procs_matching("ray") if "ray_bench.py" not in cmd]
+    left = procs_matching(bench.session_dir) + procs_matching(bench.tmp)
     if left:
         print(f"ray_bench: processes left after the cluster's shutdown (killed): {left}", flush=True)
         for pid, _ in left:
