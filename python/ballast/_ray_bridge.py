@@ -231,10 +231,15 @@ class Bridge:
                 n = self.nodes[name]
                 try:
                     value = ray.get(ref)
-                except ray.exceptions.ActorUnavailableError:
-                    # Unreachable for now, not dead: ask again.
+                except ray.exceptions.ActorUnavailableError as e:
                     if n["wait_ref"] is not None:
+                        # Unreachable for now, not dead: ask again.
                         n["wait_ref"] = n["actor"].wait.remote()
+                        continue
+                    # Whether the agent started is unknown: the node is given up (its actor killed).
+                    del self.nodes[name]
+                    self.stopping.append((n["actor"], None, time.monotonic()))
+                    self.send(ev="lost", name=name, host=n["host"], reason=self.node_gone_reason(n, e))
                     continue
                 except Exception as e:  # ActorDiedError, RayActorError, a start that raised
                     del self.nodes[name]
@@ -250,14 +255,16 @@ class Bridge:
                     sig = -value if value < 0 else 0
                     self.send(ev="exited", name=name, host=n["host"], code=code, signal=sig)
                     self.stopping.append((n["actor"], None, time.monotonic()))
-        # An actor Ray has not started (the node's resources taken by another job's actors): said once.
+        # An actor that has not started its agent yet: said once.
         now = time.monotonic()
         for name, n in self.nodes.items():
-            if n["wait_ref"] is None and not n["reported"] and now - n["since"] > self.opts.get("pending_s", 10):
+            waited = now - n["since"]
+            if n["wait_ref"] is None and not n["reported"] and waited > self.opts.get("pending_s", 10):
                 n["reported"] = True
                 self.send(ev="pending", name=name, reason=(
-                    f"its agent actor on Ray node {n['host']} has not started: Ray has not scheduled it there "
-                    "(are the node's CPUs, GPUs or custom resources taken by other actors?)"))
+                    f"its agent actor on Ray node {n['host']} has not started after {waited:.0f} s: Ray has not "
+                    "scheduled it there (are the node's CPUs, GPUs or custom resources taken by other actors?) "
+                    "or its worker process is still starting (a runtime_env being installed?)"))
         # Actors of released or ended nodes: killed once their stop returned or its grace ran out.
         keep = []
         for actor, ref, deadline in self.stopping:
