@@ -66,9 +66,9 @@ ROOT = os.path.dirname(HERE)
 BALLAST = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
 PYPATH = os.path.join(ROOT, "build", "python")
 NETNS_MARK = "BALLAST_BENCH_RAY_NETNS"
-HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_timeout_ms": 200,
-          "health_check_failure_threshold": 3}
-STORE = 80 << 20  # the smallest object store Ray accepts is 75 MiB
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from _ray_cluster import HEALTH, STORE, agent_ray_node, enter_loopback_netns, read_jsonl  # noqa: E402
+from _ray_cluster import job_processes as procs_matching  # noqa: E402
 FAULT_STEP = 15
 STEP_TIME = 0.15
 WORLD = 4
@@ -215,35 +215,6 @@ def raytrain_driver(out, steps, ckpt_every):
 # ---------------------------------------------------------------- the bench
 
 
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    recs = []
-    with open(path) as f:
-        for line in f:
-            try:
-                recs.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-    return recs
-
-
-def procs_matching(marker):
-    """pids (and command lines) of processes whose command line mentions marker."""
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd:
-            found.append((int(d), cmd[:200]))
-    return found
-
-
 def alive(pid):
     """Whether pid runs (a zombie does not)."""
     try:
@@ -251,21 +222,6 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
-
-
-def agent_ray_node(out, node_rank):
-    """The Ray node id of the running Ballast agent of node rank node_rank (from its environment)."""
-    for pid, cmd in procs_matching(out):
-        if " run " not in cmd or f"--node-rank {node_rank} " not in cmd:
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if b"BALLAST_RAY_NODE_ID" in env:
-            return env[b"BALLAST_RAY_NODE_ID"].decode()
-    return None
 
 
 class Bench:
@@ -525,11 +481,8 @@ def main():
 if __name__ == "__main__":
     if os.environ.get(NETNS_MARK) != "1" and "--worker-ballast" not in sys.argv and \
             "--driver-raytrain" not in sys.argv:
-        # A network namespace with only loopback: every Ray node is 127.0.0.1.
-        os.environ[NETNS_MARK] = "1"
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         os.environ["PYTHONPATH"] = PYPATH + (os.pathsep + os.environ["PYTHONPATH"]
                                              if os.environ.get("PYTHONPATH") else "")
-        os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-                              sys.executable, *sys.argv])
+        enter_loopback_netns(NETNS_MARK)
     main()

@@ -24,7 +24,6 @@ reports with the loss), each agent an actor on its own Ray node.
   - the master process killed (--journal: restarted from its journal, the workers train on).
 After every job, no process of it (agent or worker) remains.
 """
-import json
 import os
 import signal
 import subprocess
@@ -39,57 +38,14 @@ SAMPLER_SCRIPT = os.path.join(HERE, "scripts", "sampler_train.py")
 BALLAST = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
 NETNS_MARK = "BALLAST_TEST_RAY_NETNS"
 
-if __name__ == "__main__" and os.environ.get(NETNS_MARK) != "1":
-    # A network namespace with only loopback: every Ray node is 127.0.0.1.
-    os.environ[NETNS_MARK] = "1"
-    os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-                          sys.executable, *sys.argv])
+from _ray_cluster import HEALTH, STORE, agent_ray_node, enter_loopback_netns, job_processes, read_jsonl  # noqa: E402
+
+if __name__ == "__main__":
+    enter_loopback_netns(NETNS_MARK)
 
 import ray  # noqa: E402
 from test_sampler_elastic import BATCH, EPOCHS, SIZE, check_lineage, read_events  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
-
-HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_timeout_ms": 200,
-          "health_check_failure_threshold": 3}
-STORE = 80 << 20  # the smallest object store Ray accepts is 75 MiB
-
-
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def job_processes(marker):
-    """pids of processes whose command line mentions marker (the job's output dir)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd:
-            pids.append((int(d), cmd[:200]))
-    return pids
-
-
-def agent_ray_node(out, node_rank):
-    """The Ray node id of the running agent of node rank node_rank (from its environment)."""
-    for pid, cmd in job_processes(out):
-        if " run " not in cmd or f"--node-rank {node_rank} " not in cmd:
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if b"BALLAST_RAY_NODE_ID" in env:
-            return env[b"BALLAST_RAY_NODE_ID"].decode()
-    return None
 
 
 class RayJobs(unittest.TestCase):
