@@ -23,7 +23,6 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/job_driver.h"
-#include "common/tunables.h"
 #include "master/master_server.h"
 #include "scheduler/local/local_scheduler.h"
 #include "scheduler/node_manager.h"
@@ -84,11 +83,7 @@ int LaunchCommand(const Args& args) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   scheduler::LocalScheduler sched([&](const scheduler::NodeRequest& r) { return AgentCommand(f, m, r); });
-  scheduler::NodeManagerOptions nmo;
-  nmo.initial_nodes = start_nodes + spares;
-  nmo.max_replacements = f.max_replacements;
-  nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
-  scheduler::NodeManager nodes(&sched, nmo);
+  scheduler::NodeManager nodes(&sched, JobNodeManagerOptions(f, start_nodes + spares));
   node_manager.store(&nodes);
   DriveOptions o;
   o.cmd = "launch";

@@ -145,11 +145,7 @@ int RayRun(const Args& args) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  scheduler::NodeManagerOptions nmo;
-  nmo.initial_nodes = f.range.max + spares;
-  nmo.max_replacements = f.max_replacements;
-  nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
-  scheduler::NodeManager nodes(sched->get(), nmo);
+  scheduler::NodeManager nodes(sched->get(), JobNodeManagerOptions(f, f.range.max + spares));
   node_manager.store(&nodes);
   DriveOptions o;
   o.cmd = "ray run";

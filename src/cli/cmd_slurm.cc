@@ -158,10 +158,7 @@ int SlurmCommand(const Args& args) {
     return cmd;
   };
   scheduler::slurm::SlurmScheduler sched(so);
-  scheduler::NodeManagerOptions nmo;
-  nmo.initial_nodes = needed;
-  nmo.max_replacements = f.max_replacements;
-  nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
+  scheduler::NodeManagerOptions nmo = JobNodeManagerOptions(f, needed);
   nmo.name = [&sched](int rank, int incarnation) { return sched.NextNodeName(rank, incarnation); };
   scheduler::NodeManager nodes(&sched, nmo);
   node_manager.store(&nodes);

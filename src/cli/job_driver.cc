@@ -199,6 +199,14 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
   return mopts;
 }
 
+scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initial_nodes) {
+  scheduler::NodeManagerOptions nmo;
+  nmo.initial_nodes = initial_nodes;
+  nmo.max_replacements = f.max_replacements;
+  nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
+  return nmo;
+}
+
 std::unique_ptr<DrivenMaster> StartJobMaster(const char* cmd, const JobFlags& f, const master::MasterOptions& options,
                                              int* exit_code) {
   if (!f.journal.empty()) {

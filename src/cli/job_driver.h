@@ -75,6 +75,10 @@ scheduler::LocalCommand AgentCommand(const JobFlags& f, const DrivenMaster& m, c
 // caller's), with its node callbacks forwarding to *node_manager.
 master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler::NodeManager*>* node_manager);
 
+// NodeManager's options for these flags: node ranks 0..initial_nodes-1,
+// --max-replacements, and the grace a released node's agent gets.
+scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initial_nodes);
+
 // Starts the job's master: in this process, or with --journal in a child
 // process restarted from its journal when it dies (MasterProcess). On an
 // error prints it (naming `cmd`) and sets *exit_code (2 for bad options).
