@@ -23,12 +23,14 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The Kubernetes control plane the tests run against, and helm (the chart's
-# tests), built from the Go module proxy into ~/.cache/ballast/k8s-<versions>
-# and helm-<version> (10-20 min once; instant after).
+# The Kubernetes control plane the tests run against, helm (the chart's tests)
+# and Kueue (the queueing tests), built from the Go module proxy into
+# ~/.cache/ballast/k8s-<versions>, helm-<version> and kueue-<version>
+# (10-20 min once; instant after).
 k8s-binaries:
 	@scripts/k8s/build-control-plane.sh >/dev/null
 	@scripts/k8s/build-helm.sh >/dev/null
+	@scripts/k8s/build-kueue.sh >/dev/null
 
 # The pinned torch 2.x runtime the tests also run on: a venv of PyPI's torch
 # in ~/.cache/ballast/torch-<version>-py<python> (~5 GB, minutes once;

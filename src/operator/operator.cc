@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/net.h"
+#include "operator/kueue.h"
 #include "scheduler/kubernetes/elastic_job.h"
 #include "spdlog/spdlog.h"
 
@@ -58,6 +61,7 @@ Operator::Operator(kube::KubeClient* client, OperatorOptions options)
 Operator::~Operator() {
   if (jobs_) jobs_->Stop();
   if (masters_) masters_->Stop();
+  if (workloads_) workloads_->Stop();
 }
 
 bool Operator::Leading() const {
@@ -73,6 +77,14 @@ void Operator::Enqueue(const std::string& key) {
     queue_.insert(key);
   }
   cv_.notify_all();
+}
+
+void Operator::EnqueueAfter(const std::string& key, double delay_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto due = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                    std::chrono::duration<double>(delay_s));
+  auto [it, inserted] = later_.emplace(key, due);
+  if (!inserted && due < it->second) it->second = due;
 }
 
 int Operator::Run(const std::atomic<int>* signal) {
@@ -119,6 +131,15 @@ int Operator::Run(const std::atomic<int>* signal) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !queue_.empty(); });
       keys.swap(queue_);
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = later_.begin(); it != later_.end();) {
+        if (it->second <= now) {
+          keys.insert(it->first);
+          it = later_.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
     for (const std::string& k : keys) {
       if (!Leading()) return 1;
@@ -170,6 +191,207 @@ void Operator::Event(const Json& job, const std::string& reason, const std::stri
   }
 }
 
+void Operator::WatchWorkloads() {
+  if (workloads_) return;
+  kube::InformerOptions wo;
+  wo.path = kube::CollectionPath(kueue::kApiVersion, "workloads", options_.ns);
+  wo.label_selector = k8s::kJobLabel;
+  wo.what = "Kueue Workloads of ElasticJobs";
+  workloads_ = std::make_unique<kube::Informer>(client_, wo, [this](const std::string&, const Json& wl) {
+    std::string job = kube::Str(wl, {"metadata", "labels", k8s::kJobLabel});
+    if (!job.empty()) Enqueue(JobKey(kube::Str(wl, {"metadata", "namespace"}), job));
+  });
+  workloads_->Start();
+}
+
+void Operator::FinishWorkload(const Json& job) {
+  auto spec = k8s::ParseElasticJob(job);
+  if (!spec.ok()) return;
+  const std::string ns = spec->ns;
+  const std::string wname = kueue::WorkloadName(*spec);
+  WatchWorkloads();
+  std::optional<Json> wl = workloads_->synced() ? workloads_->Get(JobKey(ns, wname)) : std::nullopt;
+  if (!workloads_->synced()) {
+    auto r = client_->Get(kube::ObjectPath(kueue::kApiVersion, "workloads", ns, wname),
+                          absl::StrCat("get Workload ", ns, "/", wname));
+    if (r.ok()) wl = *std::move(r);
+  }
+  if (!wl.has_value() || kueue::ReadWorkload(*wl).state == kueue::State::kFinished) return;
+  const bool ok = kube::Str(job, {"status", "phase"}) == "Succeeded";
+  auto r = client_->Patch(kube::ObjectPath(kueue::kApiVersion, "workloads", ns, wname) + "/status",
+                          kueue::FinishedPatch(*wl, ok, kube::Str(job, {"status", "message"}), k8s::Rfc3339Now()),
+                          absl::StrCat("mark Workload ", ns, "/", wname, " finished"));
+  if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
+}
+
+bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, const std::string& queue) {
+  const std::string ns = spec.ns;
+  const std::string wname = kueue::WorkloadName(spec);
+  const std::string wpath = kube::ObjectPath(kueue::kApiVersion, "workloads", ns, wname);
+  const std::string jpath = kube::ObjectPath(k8s::kApiVersion, k8s::kPlural, ns, spec.name);
+  const std::string phase = kube::Str(job, {"status", "phase"});
+  WatchWorkloads();
+  auto patch_job = [&](const Json& patch, const std::string& what) {
+    auto r = client_->Patch(jpath, patch, absl::StrCat(what, " ElasticJob ", ns, "/", spec.name));
+    if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
+    return r.ok();
+  };
+  auto wl = client_->Get(wpath, absl::StrCat("get Workload ", ns, "/", wname));
+  if (!wl.ok()) {
+    if (!absl::IsNotFound(wl.status())) {
+      spdlog::warn("operator: {}", std::string(wl.status().message()));
+      return false;
+    }
+    // No Workload yet: the job waits suspended (nothing of it runs before
+    // Kueue admits it), and gets one.
+    if (!spec.suspend) {
+      patch_job(Json{{"spec", {{"suspend", true}}}}, "suspend (queued in Kueue)");
+      return false;
+    }
+    kueue::Priority priority;
+    if (std::string wpc = kube::Str(job, {"metadata", "labels", kueue::kPriorityClassLabel}); !wpc.empty()) {
+      auto pc = client_->Get(kube::ObjectPath(kueue::kApiVersion, "workloadpriorityclasses", "", wpc),
+                             absl::StrCat("get WorkloadPriorityClass ", wpc));
+      if (!pc.ok()) {
+        const std::string msg = absl::StrCat("cannot read WorkloadPriorityClass ", wpc, " (label ",
+                                             kueue::kPriorityClassLabel, "): ", pc.status().message());
+        if (kube::Str(job, {"status", "message"}) != msg && PatchStatus(job, {{"message", msg}}).ok()) {
+          Event(job, "WorkloadNotCreated", msg, true);
+        }
+        return false;
+      }
+      priority = {wpc, kueue::kGroup, static_cast<int>(kube::Int(*pc, {"value"}))};
+    } else if (std::string pcn = kube::Str(spec.pod_template, {"spec", "priorityClassName"}); !pcn.empty()) {
+      auto pc = client_->Get(kube::ObjectPath("scheduling.k8s.io/v1", "priorityclasses", "", pcn),
+                             absl::StrCat("get PriorityClass ", pcn));
+      if (!pc.ok()) {
+        spdlog::warn("operator: ElasticJob {}: {}", spec.Describe(), std::string(pc.status().message()));
+        return false;
+      }
+      priority = {pcn, "scheduling.k8s.io", static_cast<int>(kube::Int(*pc, {"value"}))};
+    }
+    k8s::MasterPodParams mp;
+    mp.image = !spec.master_image.empty() ? spec.master_image : options_.image;
+    mp.ballast = options_.ballast;
+    mp.journal_dir = options_.master_journal;
+    Json workload = kueue::BuildWorkload(spec, k8s::BuildMasterPod(spec, mp), queue, priority);
+    auto r = client_->Create(kube::CollectionPath(kueue::kApiVersion, "workloads", ns), workload,
+                             absl::StrCat("create Workload ", ns, "/", wname));
+    if (!r.ok() && !absl::IsAlreadyExists(r.status())) {
+      const std::string msg =
+          absl::StrCat("cannot create its Kueue Workload: ", r.status().message(),
+                       absl::IsNotFound(r.status()) ? " (is Kueue installed? the job waits until it can)" : "");
+      if (kube::Str(job, {"status", "message"}) != msg && PatchStatus(job, {{"message", msg}}).ok()) {
+        Event(job, "WorkloadNotCreated", msg, true);
+      }
+      return false;
+    }
+    if (r.ok()) {
+      Event(job, "Queued",
+            absl::StrCat("queued in LocalQueue ", queue, " as Kueue Workload ", wname, " (master 1 pod, workers ",
+                         spec.max_nodes + spec.spares, " pods", priority.class_name.empty() ? "" : ", priority ",
+                         priority.class_name.empty() ? "" : absl::StrCat(priority.class_name, "=", priority.value),
+                         ")"),
+            false);
+    }
+    return true;  // the suspended path: phase Queued
+  }
+  const kueue::WorkloadView view = kueue::ReadWorkload(*wl);
+  switch (view.state) {
+    case kueue::State::kFinished:
+      return false;
+    case kueue::State::kAdmitted: {
+      if (!spec.suspend) return true;  // running under its admission
+      std::map<std::string, Json> flavors;
+      for (const kueue::PodSetAssignment& p : view.podsets) {
+        for (const std::string& f : p.flavors) {
+          if (flavors.count(f) != 0) continue;
+          auto rf = client_->Get(kube::ObjectPath(kueue::kApiVersion, "resourceflavors", "", f),
+                                 absl::StrCat("get ResourceFlavor ", f));
+          if (rf.ok()) flavors[f] = *std::move(rf);
+        }
+      }
+      kueue::Placement placement[2];
+      const char* sets[2] = {kueue::kMasterPodSet, kueue::kWorkerPodSet};
+      for (int i = 0; i < 2; ++i) {
+        const kueue::PodSetAssignment* a = view.PodSet(sets[i]);
+        if (a == nullptr) continue;
+        auto p = kueue::PlacementOf(*a, flavors);
+        if (!p.ok()) {
+          spdlog::warn("operator: ElasticJob {}: {}", spec.Describe(), std::string(p.status().message()));
+          return false;  // retried at the next resync
+        }
+        placement[i] = *std::move(p);
+      }
+      const kueue::PodSetAssignment* w = view.PodSet(kueue::kWorkerPodSet);
+      std::string flavor_names;
+      for (const kueue::PodSetAssignment& p : view.podsets) {
+        absl::StrAppend(&flavor_names, flavor_names.empty() ? "" : "; ", p.name, ": ",
+                        p.flavors.empty() ? "no flavor" : absl::StrJoin(p.flavors, ","));
+      }
+      // Time queued (first admission, or after a preemption): the job's, not the master's.
+      const Json* before = kube::Find(job, {"status", "queuedSeconds"});
+      const double queued_s = (before != nullptr && before->is_number() ? before->get<double>() : 0.0) +
+                              kueue::QueuedSeconds(*wl, absl::Now());
+      if (PatchStatus(job, {{"message", absl::StrCat("admitted by Kueue to ClusterQueue ", view.cluster_queue)},
+                            {"queue", queue},
+                            {"clusterQueue", view.cluster_queue},
+                            {"queuedSeconds", std::round(queued_s * 10) / 10}})
+              .ok() &&
+          patch_job(kueue::AdmitPatch(job, placement[0], placement[1]), "start (admitted by Kueue)")) {
+        Event(job, "Admitted",
+              absl::StrCat("admitted by Kueue to ClusterQueue ", view.cluster_queue, " (", flavor_names,
+                           w != nullptr ? absl::StrCat("; ", w->count, " worker pods") : "", ")"),
+              false);
+      }
+      return false;
+    }
+    case kueue::State::kEvicted:
+    case kueue::State::kPending:
+      break;
+  }
+  if (!spec.suspend) {
+    // Evicted (or queued again): stop. The agents persist their newest
+    // flash checkpoint as their pods stop; the job resumes from it.
+    const bool evicted = view.state == kueue::State::kEvicted;
+    const std::string msg =
+        evicted ? absl::StrCat("evicted by Kueue (", view.reason, ": ", view.message,
+                               "); its pods stop after persisting the newest checkpoint, and it resumes from it "
+                               "when admitted again")
+                : absl::StrCat("queued in LocalQueue ", queue, ": waiting for Kueue to admit its Workload ", wname);
+    if (!PatchStatus(job, {{"phase", evicted ? "Preempted" : "Queued"}, {"message", msg}, {"queue", queue}}).ok()) {
+      return false;
+    }
+    if (evicted) Event(job, "Preempted", msg, true);
+    patch_job(kueue::SuspendPatch(job), "suspend (evicted by Kueue)");
+    return false;
+  }
+  if (view.state == kueue::State::kEvicted && view.quota_reserved) {
+    // Suspended with quota still held: an eviction whose pods are going.
+    // The quota goes back once no pod of the job is left (the suspended
+    // path below deletes them; Kueue then queues the Workload again).
+    auto pods = client_->Get(absl::StrCat(kube::CollectionPath("v1", "pods", ns), "?labelSelector=",
+                                          kube::UrlEncode(absl::StrCat(k8s::kJobLabel, "=", spec.name))),
+                             absl::StrCat("list pods of ElasticJob ", spec.Describe()));
+    if (pods.ok() && pods->value("items", Json::array()).empty()) {
+      auto r = client_->Patch(wpath + "/status",
+                              kueue::UnsetQuotaPatch(*wl, view.reason,
+                                                     view.message.empty() ? "The job was stopped" : view.message,
+                                                     k8s::Rfc3339Now()),
+                              absl::StrCat("give back the quota of Workload ", ns, "/", wname));
+      if (r.ok()) {
+        Event(job, "Requeued",
+              absl::StrCat("its pods are gone: gave the quota of ClusterQueue ", view.cluster_queue,
+                           " back; queued again in LocalQueue ", queue),
+              false);
+      } else {
+        spdlog::warn("operator: {}", std::string(r.status().message()));
+      }
+    }
+  }
+  return true;  // the suspended path deletes what is left of its pods
+}
+
 void Operator::Reconcile(const std::string& key) {
   auto obj = jobs_->Get(key);
   if (!obj.has_value()) return;  // deleted: the garbage collector removes what it owned
@@ -177,7 +399,11 @@ void Operator::Reconcile(const std::string& key) {
   const std::string ns = kube::Str(job, {"metadata", "namespace"});
   const std::string name = kube::Str(job, {"metadata", "name"});
   const std::string phase = kube::Str(job, {"status", "phase"});
-  if (Finished(job)) return;
+  const std::string queue = kueue::QueueName(job);
+  if (Finished(job)) {
+    if (!queue.empty()) FinishWorkload(job);
+    return;
+  }
   auto spec = k8s::ParseElasticJob(job);
   if (!spec.ok()) {
     if (kube::Str(job, {"status", "message"}) != spec.status().message() &&
@@ -186,31 +412,52 @@ void Operator::Reconcile(const std::string& key) {
     }
     return;
   }
+  // Deletes the selected pods; returns how many exist (deleting ones
+  // included), -1 when they cannot be listed.
   auto delete_pods = [&](const std::string& selector, const std::string& why) {
     auto list = client_->Get(absl::StrCat(kube::CollectionPath("v1", "pods", ns), "?labelSelector=",
                                           kube::UrlEncode(selector)),
                              absl::StrCat("list pods of ElasticJob ", key));
-    if (!list.ok()) return;
+    if (!list.ok()) return -1;
+    int exist = 0;
     for (const Json& pod : list->value("items", Json::array())) {
+      ++exist;
       if (kube::Find(pod, {"metadata", "deletionTimestamp"}) != nullptr) continue;
       const std::string pn = kube::Str(pod, {"metadata", "name"});
       auto r = client_->Delete(kube::ObjectPath("v1", "pods", ns, pn), Json{{"gracePeriodSeconds", 30}},
                                absl::StrCat("delete pod ", ns, "/", pn));
       if (r.ok()) spdlog::info("operator: deleted pod {}/{} ({})", ns, pn, why);
     }
+    return exist;
   };
+  if (!queue.empty() && !ReconcileKueue(job, *spec, queue)) return;
   if (spec->suspend) {
-    if (phase != "Suspended") {
-      if (!PatchStatus(job, {{"phase", "Suspended"}, {"message", "suspended (spec.suspend); set it to false to resume"}})
+    // Under Kueue the suspension is Kueue's: queued (not admitted yet) or
+    // preempted (evicted after it ran).
+    const bool preempted = phase == "Preempted";
+    const std::string suspended_phase = queue.empty() ? "Suspended" : preempted ? "Preempted" : "Queued";
+    if (phase != suspended_phase) {
+      const std::string msg = queue.empty() ? "suspended (spec.suspend); set it to false to resume"
+                                            : absl::StrCat("queued in LocalQueue ", queue,
+                                                           ": waiting for Kueue to admit its Workload ",
+                                                           kueue::WorkloadName(*spec));
+      if (!PatchStatus(job, {{"phase", suspended_phase}, {"message", msg}, {"queue", queue.empty() ? Json(nullptr) : Json(queue)}})
                .ok()) {
         return;
       }
-      Event(job, "Suspended", "the job is suspended: its master and worker pods are deleted", false);
+      if (queue.empty()) Event(job, "Suspended", "the job is suspended: its master and worker pods are deleted", false);
     }
     // Every time, not once: a master that was still replacing pods when it
-    // was told to stop may have created one more.
-    delete_pods(spec->MasterSelector(), "the job is suspended");
-    delete_pods(spec->WorkerSelector(), "the job is suspended");
+    // was told to stop may have created one more. The workers first: as
+    // their agents stop they persist their newest flash checkpoint and
+    // report it to the master, which commits it; the master (fenced: it
+    // replaces no pod) exits once they have left, and its pod is deleted
+    // when no worker pod is left.
+    const int workers_left = delete_pods(spec->WorkerSelector(), "the job is suspended");
+    const int masters_left = workers_left == 0 ? delete_pods(spec->MasterSelector(), "the job is suspended") : 1;
+    // Until they are gone: the next step (the master pod's deletion; under
+    // Kueue, giving the quota back) follows them within a second.
+    if (workers_left != 0 || masters_left != 0) EnqueueAfter(key, 1.0);
     // Its workers are gone: the next master starts the job anew (from its
     // checkpoints), not from the state of a round no pod runs any more.
     const std::string state = spec->name + "-master-state";
@@ -292,7 +539,7 @@ void Operator::Reconcile(const std::string& key) {
         return;
       }
     }
-    if (phase == "Suspended" || stopped_suspended) {
+    if (phase == "Suspended" || phase == "Preempted" || phase == "Queued" || stopped_suspended) {
       // Resuming: its master was deleted or stopped for the suspension, not
       // lost (the master never overwrites the phase Suspended: its status
       // writes are conditional on a read that shows the job not suspended).
@@ -302,7 +549,10 @@ void Operator::Reconcile(const std::string& key) {
         return;
       }
       Event(job, "Resumed",
-            phase == "Suspended"
+            phase == "Preempted"
+                ? "admitted again by Kueue: starting a new master (the job resumes from the checkpoint it persisted "
+                  "when it was preempted)"
+            : phase == "Suspended"
                 ? "spec.suspend is false: starting a new master (the job resumes from its checkpoints)"
                 : absl::StrCat("master pod ", current_name, " stopped for a suspension that was lifted before its "
                                "pods were deleted; starting master ", next_generation,
@@ -344,6 +594,12 @@ void Operator::Reconcile(const std::string& key) {
   mp.ballast = options_.ballast;
   mp.journal_dir = options_.master_journal;
   Json pod = k8s::BuildMasterPod(*spec, mp);
+  if (const Json* a = kube::Find(job, {"metadata", "annotations", kueue::kMasterPlacementAnnotation});
+      !queue.empty() && a != nullptr && a->is_string()) {
+    // Where Kueue admitted the master pod set.
+    Json placement = Json::parse(a->get<std::string>(), nullptr, false);
+    if (!placement.is_discarded()) kueue::ApplyPlacement(kueue::Placement::FromJson(placement), &pod["spec"]);
+  }
   auto r = client_->Create(kube::CollectionPath("v1", "pods", ns), pod,
                            absl::StrCat("create pod ", ns, "/", kube::Str(pod, {"metadata", "name"})));
   if (!r.ok() && !absl::IsAlreadyExists(r.status())) {

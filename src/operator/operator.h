@@ -32,7 +32,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -40,6 +42,7 @@
 
 #include "kube/informer.h"
 #include "kube/kube_client.h"
+#include "scheduler/kubernetes/elastic_job.h"
 
 namespace ballast::op {
 
@@ -67,6 +70,9 @@ class Operator {
 
  private:
   void Enqueue(const std::string& key);
+  // Reconciles the key again after delay_s (while a suspension's pods go:
+  // the operator does not watch worker pods).
+  void EnqueueAfter(const std::string& key, double delay_s);
   // False (and says so) once options_.leading turned false.
   bool Leading() const;
   absl::Status EnsureObject(const std::string& api_version, const std::string& plural, const std::string& ns,
@@ -76,14 +82,27 @@ class Operator {
   // changed meanwhile (the key is queued again, to decide afresh).
   absl::Status PatchStatus(const kube::Json& job, const kube::Json& fields);
   void Event(const kube::Json& job, const std::string& reason, const std::string& message, bool warning);
+  // Kueue (operator/kueue.h), for a job with a queue-name label: keeps its
+  // Workload and follows it (suspends the job until admitted, starts it on
+  // admission, stops it on eviction and gives the quota back once its pods
+  // are gone). False when the reconcile ends here this time.
+  bool ReconcileKueue(const kube::Json& job, const scheduler::kubernetes::ElasticJobSpec& spec,
+                      const std::string& queue);
+  // A queued job finished: condition Finished on its Workload (frees the quota).
+  void FinishWorkload(const kube::Json& job);
+  // Starts the Workload informer (a change of a job's Workload reconciles the
+  // job at once) the first time a queued job is seen.
+  void WatchWorkloads();
 
   kube::KubeClient* const client_;
   const OperatorOptions options_;
   std::unique_ptr<kube::Informer> jobs_;
   std::unique_ptr<kube::Informer> masters_;
+  std::unique_ptr<kube::Informer> workloads_;  // only once a job uses Kueue
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<std::string> queue_;  // job keys to reconcile
+  std::map<std::string, std::chrono::steady_clock::time_point> later_;  // EnqueueAfter's keys, when due
 };
 
 }  // namespace ballast::op

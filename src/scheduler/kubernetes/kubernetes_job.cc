@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 
@@ -18,6 +20,43 @@
 
 namespace ballast::scheduler::kubernetes {
 namespace {
+
+// A suspended (or Kueue-preempted) job's master, fenced: it replaces no pod,
+// but serves the agents while the operator deletes their pods. Each agent
+// persists its newest flash checkpoint as it stops and reports the shards
+// here; the master commits the step once every rank's shard is durable, so
+// the job resumes from the step it reached. Returns once every node has
+// left (or the workers' termination grace, plus a margin, has passed, or a
+// signal came).
+void DrainSuspended(master::MasterServer& m, const ElasticJobSpec& job, const std::atomic<int>* signal) {
+  int64_t grace = kube::Int(job.pod_template, {"spec", "terminationGracePeriodSeconds"}, 30);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(std::clamp<int64_t>(grace, 0, 600) + 10);
+  auto live = [&m] {
+    int n = 0;
+    const v1::JobStatus st = m.Status();
+    for (const v1::NodeStatus& node : st.nodes()) {
+      const std::string& state = node.state();
+      if (state != "dead" && state != "left" && state != "excluded" && state != "done") ++n;
+    }
+    return n;
+  };
+  int left = live();
+  if (left == 0) return;
+  spdlog::info("ElasticJob {}: serving the {} node(s) of the suspended job until they have persisted their "
+               "checkpoints and left",
+               job.Describe(), left);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((left = live()) > 0 && signal->load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    m.WaitForFinish(0.1);
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (left == 0) {
+    spdlog::info("ElasticJob {}: every node left the suspended job ({:.1f} s)", job.Describe(), waited);
+  } else {
+    spdlog::warn("ElasticJob {}: {} node(s) of the suspended job had not left after {:.1f} s; stopping anyway",
+                 job.Describe(), left, waited);
+  }
+}
 
 using kube::Json;
 
@@ -493,6 +532,7 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     if (fence.fenced()) {
       spdlog::warn("ElasticJob {}: this master stops acting for the job: {}; resuming it starts a new master",
                    job->Describe(), fence.why());
+      DrainSuspended(m, *job, signal);
     } else if (!may_act()) {
       spdlog::error("ElasticJob {}: this master stops acting for the job: {}", job->Describe(),
                     mirror_state.fenced() ? mirror_state.fenced_why()

@@ -4,8 +4,8 @@ A torchrun-style script (env:// init, gloo): a linear model trained with a
 prefetching DataLoader over a synthetic dataset whose first tensor is the
 sample index. After every step it advances the sampler and saves model +
 sampler state with ballast.Checkpointer (persist=True, so a replaced node's
-agent, which has no memory of the old one, finds it on disk); it resumes from
-the checkpoint.
+agent, which has no memory of the old one, finds it on disk; --persist-every N
+asks for disk every N steps, 0 never); it resumes from the checkpoint.
 
 Each rank appends JSON lines to <out>/rank<R>.jsonl:
   {"ev": "start", round, rank, world, step, origin, sampler, source, own}: what
@@ -36,6 +36,9 @@ def main():
     p.add_argument("--size", type=int, default=242)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--step-time", type=float, default=0.05)
+    # 0: never ask for disk (memory and replicas only; what reaches disk is the
+    # agents' breakpoint save when they stop).
+    p.add_argument("--persist-every", type=int, default=1)
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -93,7 +96,8 @@ def main():
             step += 1
             sampler.advance(len(idx))
             ckpt.save(step, {"model": model.state_dict(), "sampler": sampler.state_dict(),
-                             "origin": rnd}, persist=True)
+                             "origin": rnd},
+                      persist=args.persist_every > 0 and step % args.persist_every == 0)
             ballast.step(step)
             time.sleep(args.step_time)
     ckpt.wait()
