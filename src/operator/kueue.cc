@@ -88,8 +88,12 @@ Json BuildWorkload(const k8s::ElasticJobSpec& job, const Json& master_pod, const
                 {"active", true},
                 {"podSets", Json::array({Json{{"name", kMasterPodSet}, {"count", 1}, {"template", master_template}},
                                          Json{{"name", kWorkerPodSet},
-                                              {"count", job.max_nodes + job.spares},
+                                              {"count", job.requested_max_nodes + job.requested_spares},
                                               {"template", worker_template}}})}};
+  if (job.min_nodes < job.requested_max_nodes + job.requested_spares) {
+    // MIN:MAX: Kueue may admit fewer pods than asked (partial admission), never fewer than MIN.
+    wl["spec"]["podSets"][1]["minCount"] = job.min_nodes;
+  }
   wl["spec"]["priority"] = priority.value;
   if (!priority.class_name.empty()) {
     wl["spec"]["priorityClassRef"] = {
@@ -131,7 +135,7 @@ WorkloadView ReadWorkload(const Json& wl) {
       for (const Json& a : *psa) {
         PodSetAssignment p;
         p.name = a.value("name", "");
-        p.count = a.contains("count") && a["count"].is_number_integer() ? a["count"].get<int>() : 0;
+        p.count = a.contains("count") && a["count"].is_number_integer() ? a["count"].get<int>() : -1;
         if (const Json* fl = kube::Find(a, {"flavors"}); fl != nullptr && fl->is_object()) {
           for (const auto& [resource, flavor] : fl->items()) {
             if (flavor.is_string() &&
@@ -230,7 +234,8 @@ void ApplyPlacement(const Placement& p, Json* pod_spec) {
   }
 }
 
-Json AdmitPatch(const Json& job, const Placement& master, const Placement& workers) {
+Json AdmitPatch(const Json& job, const Placement& master, const Placement& workers, int admitted_workers,
+                int requested_workers) {
   Json patch = {{"spec", {{"suspend", false}}}};
   const std::string* original = nullptr;
   if (const Json* a = kube::Find(job, {"metadata", "annotations", kOriginalPlacementAnnotation});
@@ -250,7 +255,11 @@ Json AdmitPatch(const Json& job, const Placement& master, const Placement& worke
                                  {"tolerations", spec.contains("tolerations") ? spec["tolerations"] : Json(nullptr)}}}};
   patch["metadata"] = {{"annotations",
                         {{kMasterPlacementAnnotation, master.ToJson().dump()},
-                         {kOriginalPlacementAnnotation, own.dump()}}}};
+                         {kOriginalPlacementAnnotation, own.dump()},
+                         {k8s::kAdmittedWorkersAnnotation,
+                          admitted_workers >= 0 && admitted_workers < requested_workers
+                              ? Json(std::to_string(admitted_workers))
+                              : Json(nullptr)}}}};
   return patch;
 }
 
@@ -272,7 +281,10 @@ Json SuspendPatch(const Json& job) {
   }
   patch["spec"]["template"] = {
       {"spec", {{"nodeSelector", ns}, {"tolerations", own.contains("tolerations") ? own["tolerations"] : Json(nullptr)}}}};
-  patch["metadata"] = {{"annotations", {{kMasterPlacementAnnotation, nullptr}, {kOriginalPlacementAnnotation, nullptr}}}};
+  patch["metadata"] = {{"annotations",
+                        {{kMasterPlacementAnnotation, nullptr},
+                         {kOriginalPlacementAnnotation, nullptr},
+                         {k8s::kAdmittedWorkersAnnotation, nullptr}}}};
   return patch;
 }
 

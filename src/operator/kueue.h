@@ -6,7 +6,9 @@
 //    operator suspends it (spec.suspend) and keeps one Kueue Workload for it,
 //    owned by the job: pod set "master" (1 pod: the master pod's requests)
 //    and pod set "workers" (spec.nodes' MAX + spec.spares pods of the job's
-//    template). No master or worker pod exists until Kueue admits it;
+//    template; minCount MIN when that is fewer: Kueue's partial admission
+//    may admit fewer, and the job then runs with what was admitted). No
+//    master or worker pod exists until Kueue admits it;
 //  - admitted (status.admission, QuotaReserved and Admitted true): the
 //    operator writes each pod set's placement (the node labels and
 //    tolerations of the ResourceFlavors Kueue assigned) into the job's
@@ -81,7 +83,7 @@ const char* StateName(State s);
 struct PodSetAssignment {
   std::string name;
   std::vector<std::string> flavors;  // the ResourceFlavors of its resources, deduplicated, in order
-  int count = 0;
+  int count = -1;  // -1: not stated (the pod set's count)
 };
 
 struct WorkloadView {
@@ -117,9 +119,11 @@ void ApplyPlacement(const Placement& placement, Json* pod_spec);
 
 // The merge patch of the job that starts it under its admission: spec.suspend
 // false, the workers' placement in spec.template.spec, the master's in an
-// annotation, and the template's own placement kept in another (restored by
-// RestorePatch).
-Json AdmitPatch(const Json& job, const Placement& master, const Placement& workers);
+// annotation, the template's own placement kept in another (restored by
+// SuspendPatch), and, when Kueue admitted fewer worker pods than asked
+// (partial admission), that count (k8s::kAdmittedWorkersAnnotation).
+Json AdmitPatch(const Json& job, const Placement& master, const Placement& workers, int admitted_workers = -1,
+                int requested_workers = 0);
 // The merge patch that suspends the job and undoes AdmitPatch's template
 // change (nothing when the job carries no admission).
 Json SuspendPatch(const Json& job);

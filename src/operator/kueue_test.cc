@@ -33,6 +33,22 @@ k8s::ElasticJobSpec Spec(const Json& job) {
   return *s;
 }
 
+// Applies an RFC 7386 merge patch (as the API server does for the job).
+void MergePatch(Json* target, const Json& patch) {
+  if (!patch.is_object()) {
+    *target = patch;
+    return;
+  }
+  if (!target->is_object()) *target = Json::object();
+  for (const auto& [k, v] : patch.items()) {
+    if (v.is_null()) {
+      target->erase(k);
+    } else {
+      MergePatch(&(*target)[k], v);
+    }
+  }
+}
+
 TEST(Kueue, QueueNameIsTheLabel) {
   EXPECT_EQ(QueueName(Job()), "team-a");
   Json j = Job();
@@ -76,6 +92,35 @@ TEST(Kueue, WorkloadHasAMasterAndAWorkersPodSetOwnedByTheJob) {
   EXPECT_EQ(sets[1]["count"], 5);  // MAX 4 + 1 spare
   EXPECT_EQ(sets[1]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"], "2");
   EXPECT_EQ(sets[1]["template"]["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ(sets[1]["minCount"], 2);  // nodes 2:4: Kueue may admit 2 to 5 worker pods
+  Json fixed = Job();
+  fixed["spec"]["nodes"] = "3";
+  fixed["spec"].erase("spares");
+  EXPECT_FALSE(BuildWorkload(Spec(fixed), Json::object(), "q", {})["spec"]["podSets"][1].contains("minCount"));
+}
+
+TEST(Kueue, APartialAdmissionCapsTheJobAtWhatWasAdmitted) {
+  Json job = Job();  // nodes 2:4, 1 spare: asks for 5 worker pods
+  job["spec"]["suspend"] = true;
+  MergePatch(&job, AdmitPatch(job, Placement{}, Placement{}, 3, 5));
+  EXPECT_EQ(job["metadata"]["annotations"][k8s::kAdmittedWorkersAnnotation], "3");
+  k8s::ElasticJobSpec spec = Spec(job);
+  EXPECT_EQ(spec.min_nodes, 2);
+  EXPECT_EQ(spec.max_nodes, 3);
+  EXPECT_EQ(spec.spares, 0);
+  EXPECT_EQ(spec.requested_max_nodes + spec.requested_spares, 5);
+  // The Workload a capped job would make still asks for what the spec says.
+  EXPECT_EQ(BuildWorkload(spec, Json::object(), "q", {})["spec"]["podSets"][1]["count"], 5);
+  MergePatch(&job, AdmitPatch(job, Placement{}, Placement{}, 5, 5));  // all of it: no cap
+  EXPECT_FALSE(job["metadata"]["annotations"].contains(k8s::kAdmittedWorkersAnnotation));
+  MergePatch(&job, AdmitPatch(job, Placement{}, Placement{}, 4, 5));
+  EXPECT_EQ(Spec(job).max_nodes, 4);
+  EXPECT_EQ(Spec(job).spares, 0);
+  MergePatch(&job, SuspendPatch(job));
+  EXPECT_EQ(Spec(job).max_nodes, 4);
+  EXPECT_EQ(Spec(job).spares, 1);
+  job["metadata"]["annotations"][k8s::kAdmittedWorkersAnnotation] = "1";  // below MIN
+  EXPECT_THAT(k8s::ParseElasticJob(job).status().message(), HasSubstr(k8s::kAdmittedWorkersAnnotation));
 }
 
 Json Workload(const std::string& status_json) {
@@ -141,22 +186,6 @@ TEST(Kueue, PlacementComesFromTheFlavorsNodeLabelsAndTolerations) {
   ApplyPlacement(*p, &pod_spec);  // twice: nothing doubled
   EXPECT_EQ(pod_spec["nodeSelector"], Json::parse(R"({"zone": "a", "pool": "spot"})"));
   EXPECT_EQ(pod_spec["tolerations"].size(), 2u);
-}
-
-// Applies an RFC 7386 merge patch (as the API server does for the job).
-void MergePatch(Json* target, const Json& patch) {
-  if (!patch.is_object()) {
-    *target = patch;
-    return;
-  }
-  if (!target->is_object()) *target = Json::object();
-  for (const auto& [k, v] : patch.items()) {
-    if (v.is_null()) {
-      target->erase(k);
-    } else {
-      MergePatch(&(*target)[k], v);
-    }
-  }
 }
 
 TEST(Kueue, AdmissionAddsThePlacementAndSuspensionRestoresTheTemplate) {

@@ -338,7 +338,9 @@ bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, 
                             {"clusterQueue", view.cluster_queue},
                             {"queuedSeconds", std::round(queued_s * 10) / 10}})
               .ok() &&
-          patch_job(kueue::AdmitPatch(job, placement[0], placement[1]), "start (admitted by Kueue)")) {
+          patch_job(kueue::AdmitPatch(job, placement[0], placement[1], w != nullptr && w->count >= 0 ? w->count : -1,
+                                      spec.requested_max_nodes + spec.requested_spares),
+                    "start (admitted by Kueue)")) {
         Event(job, "Admitted",
               absl::StrCat("admitted by Kueue to ClusterQueue ", view.cluster_queue, " (", flavor_names,
                            w != nullptr ? absl::StrCat("; ", w->count, " worker pods") : "", ")"),

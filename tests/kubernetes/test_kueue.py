@@ -123,6 +123,20 @@ class ElasticJobsUnderKueue(JobTestCase):
         self.assertEqual(b.reasons()[:2], ["Queued", "Admitted"], self.debug(b))
         self.assertNotIn("Resumed", b.reasons())
 
+    def test_min_max_job_is_partially_admitted_and_runs_with_what_the_quota_holds(self):
+        j = self.harness("partial")
+        # nodes 1:3 asks for 3 worker pods (3.1 cpu with the master): the quota (3) holds 2.
+        j.apply(queued(sleep_job("partial", self.ns, nodes="1:3", seconds=3), "q"))
+        j.wait_phase("Running", 90)
+        wl = self.workload("partial")
+        self.assertEqual(wl["spec"]["podSets"][1].get("minCount"), 1)
+        workers = [a for a in wl["status"]["admission"]["podSetAssignments"] if a["name"] == "workers"][0]
+        self.assertEqual(workers.get("count"), 2, wl["status"])
+        self.assertEqual(j.get()["metadata"]["annotations"].get("ballast.dev/kueue-admitted-workers"), "2")
+        j.wait_phase("Succeeded", 120)
+        self.assertEqual(sorted(p["metadata"]["labels"]["ballast.dev/node-rank"] for p in j.pods()), ["0", "1"],
+                         self.debug(j))
+
     def test_job_without_the_queue_label_ignores_kueue(self):
         j = self.harness("plain")
         job = sleep_job("plain", self.ns, nodes="2", seconds=2)

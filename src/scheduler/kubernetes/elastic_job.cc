@@ -1,8 +1,11 @@
 #include "scheduler/kubernetes/elastic_job.h"
 
+#include <algorithm>
+
 #include <ctime>
 #include <regex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/chaos.h"
@@ -156,6 +159,20 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
   }
   if (absl::Status s = health::Validate(j.health); !s.ok()) {
     return Invalid(j.health.loss_spike_z != 0 ? "lossSpike" : "maxRollbacks", std::string(s.message()));
+  }
+  j.requested_max_nodes = j.max_nodes;
+  j.requested_spares = j.spares;
+  if (const Json* a = kube::Find(obj, {"metadata", "annotations", kAdmittedWorkersAnnotation});
+      a != nullptr && a->is_string()) {
+    // Kueue's partial admission: never below MIN (Kueue's minCount).
+    int admitted = 0;
+    if (!absl::SimpleAtoi(a->get<std::string>(), &admitted) || admitted < j.min_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("ElasticJob annotation ", kAdmittedWorkersAnnotation, ": ",
+                                                     a->dump(), " is not a worker count >= spec.nodes' MIN (",
+                                                     j.min_nodes, ")"));
+    }
+    j.max_nodes = std::min(j.max_nodes, admitted);
+    j.spares = std::min(j.spares, admitted - j.max_nodes);
   }
   j.checkpoint_dir = StrField(spec, "checkpointDir");
   j.warm_modules = StrField(spec, "warmModules");

@@ -48,6 +48,10 @@ inline constexpr char kReconnectTimeoutEnv[] = "BALLAST_RECONNECT_TIMEOUT_S";
 // next master when the job is resumed, as a resume (event Resumed), never as
 // a master restart. (3: it lost the job's Lease to another master.)
 inline constexpr int kMasterExitSuspended = 4;
+// Set by the operator while Kueue admits fewer worker pods than MAX + spares
+// (partial admission): the job runs with at most that many (MAX first, then
+// spares give way).
+inline constexpr char kAdmittedWorkersAnnotation[] = "ballast.dev/kueue-admitted-workers";
 
 struct ElasticJobSpec {
   std::string ns, name, uid;
@@ -69,6 +73,9 @@ struct ElasticJobSpec {
   int pending_timeout_s = 120;
   bool cordon_bad_nodes = false;
   bool suspend = false;
+  // The MAX and spares of spec.nodes / spec.spares as written, before a
+  // partial admission lowered max_nodes and spares (kAdmittedWorkersAnnotation).
+  int requested_max_nodes = 1, requested_spares = 0;
   std::string master_image;
   Json pod_template;  // spec.template
 
