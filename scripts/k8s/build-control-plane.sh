@@ -15,7 +15,7 @@
 # the module's own go.mod (`go mod download -json`). The build goes into a temporary
 # folder next to the cache and is renamed into place only when every binary built,
 # so an interrupted build never leaves a half cache; concurrent runs serialise on a
-# lock file.
+# lock file (scripts/k8s/go-cache.sh).
 #
 # stdout: the bin dir (one line). Progress and errors: stderr.
 # Env: BALLAST_CACHE_DIR, GO (go binary), GOMODCACHE/GOCACHE (Go's own).
@@ -23,57 +23,22 @@ set -euo pipefail
 
 K8S_VERSION=v1.34.4
 ETCD_VERSION=v3.6.16
-CACHE_ROOT="${BALLAST_CACHE_DIR:-$HOME/.cache/ballast}"
-CACHE="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
-STAMP="$CACHE/stamp"
+NAME=k8s GO_MIN_MINOR=26 GOFLAGS_EXTRA=-mod=mod  # etcd $ETCD_VERSION needs Go >= 1.26
+CACHE="${BALLAST_CACHE_DIR:-$HOME/.cache/ballast}/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+OUT="$CACHE/bin"
 BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd etcdctl)
 
 warm() {
-  [ -f "$STAMP" ] || return 1
+  [ -f "$CACHE/stamp" ] || return 1
   local b
   for b in "${BINS[@]}"; do [ -x "$CACHE/bin/$b" ] || return 1; done
 }
-if warm; then
-  echo "$CACHE/bin"
-  exit 0
-fi
-
-log() { echo "ballast k8s: $*" >&2; }
-die() { echo "ballast k8s: ERROR: $*" >&2; exit 1; }
-
-mkdir -p "$CACHE_ROOT" || die "cannot create $CACHE_ROOT"
-exec 9>"$CACHE_ROOT/.k8s-build.lock"
-if ! flock -n 9; then
-  log "another build of $CACHE is running; waiting for it..."
-  flock 9
-fi
-if warm; then  # built by the run we waited for
-  echo "$CACHE/bin"
-  exit 0
-fi
-
-GO="${GO:-}"
-if [ -z "$GO" ]; then
-  if command -v go >/dev/null 2>&1; then GO="$(command -v go)"
-  elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
-  else die "no Go toolchain: install Go >= 1.26 (https://go.dev/dl/) or set GO=/path/to/go"; fi
-fi
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-gover="$("$GO" env GOVERSION)" || die "$GO does not run"
-case "$gover" in
-  go1.2[6-9]*|go1.[3-9][0-9]*) ;;
-  *) die "$GO is $gover; etcd $ETCD_VERSION needs Go >= 1.26" ;;
-esac
-
-rm -rf "$CACHE_ROOT"/.tmp-k8s-build.*  # left by an interrupted build (we hold the lock)
-TMP="$(mktemp -d "$CACHE_ROOT/.tmp-k8s-build.XXXXXX")"
-chmod 755 "$TMP"
-trap 'rm -rf "$TMP"' EXIT
+. "$(dirname "$0")/go-cache.sh"
+go_cache_begin
+gover="$GOVER"
 CHILD=
 trap 'log "interrupted"; [ -z "$CHILD" ] || kill "$CHILD" 2>/dev/null; wait; exit 130' INT TERM HUP
 mkdir -p "$TMP/bin" "$TMP/gomod/kubernetes" "$TMP/gomod/etcd"
-T0=$SECONDS
 log "cold build of $CACHE (Go: $gover, GOMODCACHE=$("$GO" env GOMODCACHE))"
 
 # go.mod file (in the module cache) of MODULE@VERSION.
@@ -179,8 +144,4 @@ grep -q "etcd Version: ${ETCD_VERSION#v}" <<<"$v" || die "etcd reports '$v', exp
   echo "k8s $K8S_VERSION etcd $ETCD_VERSION"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $gover in $((SECONDS - T0)) s"
 } >"$TMP/stamp"
-rm -rf "$CACHE"
-mv -T "$TMP" "$CACHE" || die "cannot move $TMP to $CACHE"
-trap - EXIT
-log "done in $((SECONDS - T0)) s: $CACHE/bin"
-echo "$CACHE/bin"
+go_cache_commit
