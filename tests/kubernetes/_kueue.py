@@ -146,7 +146,10 @@ class Kueue:
                   f"&& exec {' '.join(shlex.quote(a) for a in argv)}")
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                # setpriv: Kueue dies with this test process (a test killed by its
+                # timeout leaves no Kueue behind); unshare and sh exec, one pid throughout.
+                ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "-m", "--propagation", "private", "sh", "-c",
+                 script],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
         def ready():
