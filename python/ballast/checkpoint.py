@@ -683,6 +683,7 @@ class Checkpointer:
         """save() once the pending overlapped save is done."""
         self._store.wait_incoming(_INCOMING_WAIT_S)  # the agent is the store's writer until then
         rank, world = self.rank_world()
+        self._name_dir(rank, world)
         if not blocking:
             self._release_views()
             entries, keepalive = _tree.encode_state(
@@ -867,6 +868,16 @@ class Checkpointer:
         optimizer.step = guarded_step
         return optimizer
 
+    def _name_dir(self, rank, world):
+        """Under an agent: tells it where this rank's shards go, from the
+        first save on, so that when the agent exits (a preemption, a stop, a
+        failed job) it writes the newest step there even if no save asked
+        for disk (at a restart it writes only for ranks that did)."""
+        key = (self.dir, rank, world, self.keep)
+        if self.agent and key != self._persist_key:
+            self._store.set_persist_config(self.dir, rank, world, self.keep)
+            self._persist_key = key
+
     def _request_persist(self, step, rank, world):
         key = (self.dir, rank, world, self.keep)
         target, self._target_persist = self._target_persist, None
@@ -876,9 +887,7 @@ class Checkpointer:
             # check; the wait ends at once if the agent reported it failed).
             self._store.wait_durable(target, _TARGET_PERSIST_WAIT_S)
         if self.agent:
-            if key != self._persist_key:
-                self._store.set_persist_config(self.dir, rank, world, self.keep)
-                self._persist_key = key
+            self._name_dir(rank, world)
             self._store.request_persist(step)
         else:
             if key != self._persist_key or self._res.persister is None:

@@ -297,7 +297,7 @@ void CkptPersister::ReportPending(Store& s, double timeout_s) {
 }
 
 int CkptPersister::BreakpointSave(const std::string& why) {
-  BreakpointSaveAsync(why);  // pins what is to be written, then writes it here
+  Pin(why, /*exiting=*/true);  // pins what is to be written, then writes it here
   int written = 0;
   // Once the master failed to answer, don't wait the full deadline for every
   // other store: the reports are retried by the poll thread anyway.
@@ -311,13 +311,19 @@ int CkptPersister::BreakpointSave(const std::string& why) {
   return written;
 }
 
-int CkptPersister::BreakpointSaveAsync(const std::string& why) {
+int CkptPersister::BreakpointSaveAsync(const std::string& why) { return Pin(why, /*exiting=*/false); }
+
+int CkptPersister::Pin(const std::string& why, bool exiting) {
   int pinned = 0;
   for (auto& sp : stores_) {
     Store& s = *sp;
     std::lock_guard<std::mutex> lock(s.bp_mu);  // not s.mu: a write in progress must not hold up a restart
     std::optional<ckpt::PersistConfig> cfg = s.slots->GetPersistConfig();
     if (!cfg.has_value()) continue;
+    // A rank that never asked for disk (its Checkpointer only named the
+    // folder) gets its last state written when the agent exits (a
+    // preemption, a stop, a failed job), not at every restart.
+    if (!exiting && s.slots->requested_persist_step() == 0) continue;
     absl::StatusOr<ckpt::PinnedSlot> pin = s.slots->PinLatest();
     if (!pin.ok()) continue;  // nothing in memory
     if (pin->step() <= s.slots->durable_step()) continue;

@@ -23,7 +23,9 @@
 //    round, a signal), persists each store's newest in-memory step when it is
 //    newer than the durable one, so a step that only lived in memory reaches
 //    disk: synchronously before the agent exits, and in the background
-//    (BreakpointSaveAsync) before a restart, which must not wait for it.
+//    (BreakpointSaveAsync) before a restart, which must not wait for it (only
+//    for ranks that asked for disk at least once: a rank whose Checkpointer
+//    just named its folder is written when the agent exits).
 //
 // Threading: one poll thread per store (a slow shard write of one rank must
 // not hold up another's), and the agent's main thread (BreakpointSave) may
@@ -140,6 +142,9 @@ class CkptPersister {
   // round's workers start meanwhile (they restore from memory; their saves
   // never overwrite the pinned step). Stop() and BreakpointSave() finish a
   // pending one first. Returns the number of steps pinned.
+  // A store whose rank never asked for disk (requested_persist_step() 0:
+  // its Checkpointer only named the folder) is written only by
+  // BreakpointSave, when the agent exits, never here.
   int BreakpointSaveAsync(const std::string& why);
 
   // A rollback (training health; the workers are stopped): waits for a shard
@@ -151,6 +156,8 @@ class CkptPersister {
   std::string Rewind(uint64_t below);
 
  private:
+  // BreakpointSaveAsync's work; exiting: BreakpointSave's (stores never asked to persist too).
+  int Pin(const std::string& why, bool exiting);
   using Clock = std::chrono::steady_clock;
   struct Store {
     int local_rank = 0;

@@ -319,6 +319,11 @@ TEST_F(AgentCkptPersisterTest, BackgroundBreakpointSaveKeepsItsStepWhileTheNextW
   Save(1, 5, false);
   ASSERT_TRUE(workers_[0]->SetPersistConfig({dir_, 0, 2, 3}).ok());
   ASSERT_TRUE(workers_[1]->SetPersistConfig({dir_, 1, 2, 3}).ok());
+  // Ranks that never asked for disk: nothing at a restart (their last state
+  // is written when the agent exits).
+  EXPECT_EQ(persister_->BreakpointSaveAsync("a restart, nothing asked"), 0);
+  workers_[0]->RequestPersist(1);  // asked once (an older step, already gone from memory)
+  workers_[1]->RequestPersist(1);
   // The workers died with step 5 only in memory: pinned now, written later.
   EXPECT_EQ(persister_->BreakpointSaveAsync("round 2 replaces round 1"), 2);
   EXPECT_EQ(persister_->BreakpointSaveAsync("again"), 0);  // already pending
@@ -340,10 +345,24 @@ TEST_F(AgentCkptPersisterTest, BackgroundBreakpointSaveKeepsItsStepWhileTheNextW
 TEST_F(AgentCkptPersisterTest, StoppingThePersisterWritesAPendingBreakpointSave) {
   Save(0, 4, false);
   ASSERT_TRUE(workers_[0]->SetPersistConfig({dir_, 0, 2, 3}).ok());
+  workers_[0]->RequestPersist(2);
   EXPECT_EQ(persister_->BreakpointSaveAsync("the agent is exiting"), 1);
   persister_->Stop();
   EXPECT_EQ(workers_[0]->durable_step(), 4u);
   EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 4, 0)));
+}
+
+TEST_F(AgentCkptPersisterTest, ARankThatNeverAskedForDiskIsWrittenWhenTheAgentExits) {
+  // Flash checkpoints in memory only; the Checkpointer named its folder.
+  Save(0, 7, false);
+  Save(1, 7, false);
+  ASSERT_TRUE(workers_[0]->SetPersistConfig({dir_, 0, 2, 3}).ok());
+  ASSERT_TRUE(workers_[1]->SetPersistConfig({dir_, 1, 2, 3}).ok());
+  EXPECT_EQ(persister_->BreakpointSaveAsync("a restart"), 0);
+  persister_->PollOnce();
+  EXPECT_FALSE(fs::exists(ckpt::ShardPath(dir_, 7, 0)));
+  EXPECT_EQ(persister_->BreakpointSave("the agent got SIGTERM"), 2);  // a preemption
+  EXPECT_EQ(*ckpt::ReadLatestStep(dir_), 7u);
 }
 
 TEST_F(AgentCkptPersisterTest, WithoutTheMasterAStepCommitsOnceAllShardsAreOnDisk) {
