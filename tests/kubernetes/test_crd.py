@@ -222,7 +222,7 @@ class ElasticJobCRDTest(unittest.TestCase):
         p = self.k.kubectl("-n", self.ns, "get", "ej", "-o", "wide")  # the short name, priority-1 columns
         self.assertEqual(p.stdout.splitlines()[0].split(),
                          ["NAME", "PHASE", "ROUND", "WORLD", "RESTARTS", "GOODPUT", "AGE",
-                          "REPLACEMENTS", "MESSAGE"], out(p))
+                          "QUEUE", "REPLACEMENTS", "MESSAGE"], out(p))
 
         status = {"phase": "Running", "round": 2, "world": "3/4 nodes, 6 workers", "nodes": 3,
                   "workers": 6, "restarts": 1, "replacements": 1, "masterRestarts": 0,
@@ -239,9 +239,10 @@ class ElasticJobCRDTest(unittest.TestCase):
             self.assertIn(v, row, out(p))
         cols, cells = self.table("cols")
         self.assertEqual(cols, ["Name", "Phase", "Round", "World", "Restarts", "Goodput", "Age",
-                                "Replacements", "Message"])
+                                "Queue", "Replacements", "Message"])
         self.assertEqual(cells[:6], ["cols", "Running", 2, "3/4 nodes, 6 workers", 1, "97.5%"])
-        self.assertEqual(cells[7:], [1, "round 2 training"])
+        self.assertIn(cells[7], (None, ""))  # no kueue.x-k8s.io/queue-name label
+        self.assertEqual(cells[8:], [1, "round 2 training"])
 
         # the main resource ignores .status (a spec change still goes through)
         p = self.k.kubectl("-n", self.ns, "patch", "elasticjob", "cols", "--type=merge",

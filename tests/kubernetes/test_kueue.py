@@ -100,7 +100,8 @@ class ElasticJobsUnderKueue(JobTestCase):
 
     def test_two_jobs_one_quota_the_second_waits_queued_and_starts_when_the_first_finishes(self):
         a, b = self.harness("a"), self.harness("b")
-        a.apply(queued(sleep_job("a", self.ns, nodes="2", seconds=8), "q"))
+        # a runs long enough that b is seen waiting even on a loaded machine.
+        a.apply(queued(sleep_job("a", self.ns, nodes="2", seconds=20), "q"))
         st = a.wait_phase("Running", 90)
         b.apply(queued(sleep_job("b", self.ns, nodes="2", seconds=2), "q"))
         st = b.wait_phase("Queued", 30)

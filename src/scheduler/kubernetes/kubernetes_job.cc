@@ -47,7 +47,7 @@ void DrainSuspended(master::MasterServer& m, const ElasticJobSpec& job, const st
                job.Describe(), left);
   const auto t0 = std::chrono::steady_clock::now();
   while ((left = live()) > 0 && signal->load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    m.WaitForFinish(0.1);
+    if (m.WaitForFinish(0.1).has_value()) break;  // finished meanwhile: nothing more to commit
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (left == 0) {
