@@ -23,12 +23,13 @@ What is configured, and why:
 Kueue.start(suite) starts it (once per test module), Kueue.stop() stops it and
 removes the webhook configurations (so nothing depends on a stopped Kueue).
 """
+import base64
 import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -36,16 +37,13 @@ import yaml
 
 from _cluster import ROOT, log
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from _ports import free_port  # noqa: E402  (below the ephemeral range: no outgoing connection takes it first)
+
 BUILD = os.path.join(ROOT, "scripts", "k8s", "build-kueue.sh")
 EXTERNAL_FRAMEWORK = "ElasticJob.v1alpha1.ballast.dev"
 WEBHOOK_NAMES = ("ballast-test-kueue-mutating", "ballast-test-kueue-validating")
 API = "/apis/kueue.x-k8s.io/v1beta2"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_certs(d):
@@ -60,7 +58,6 @@ def make_certs(d):
         f.write("subjectAltName=IP:127.0.0.1\n")
     run("x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key", "-CAcreateserial",
         "-days", "2", "-extfile", f"{d}/ext.cnf", "-out", f"{d}/tls.crt")
-    import base64
     with open(f"{d}/ca.crt", "rb") as f:
         return base64.b64encode(f.read()).decode()
 

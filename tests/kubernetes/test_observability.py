@@ -12,12 +12,17 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import unittest
 import urllib.parse
 import urllib.request
 
 from _jobs import JobHarness, JobTestCase, train_job, wait_steps
+from _cluster import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from _ports import free_port  # noqa: E402  (below the ephemeral range: no outgoing connection takes it first)
 
 
 def need(tool):
@@ -25,12 +30,6 @@ def need(tool):
     if path is None:
         raise AssertionError(f"{tool} is not installed: scripts/install-deps.sh installs it (make test runs it)")
     return path
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url, token=None, timeout=10):
