@@ -49,8 +49,8 @@ inline constexpr char kReconnectTimeoutEnv[] = "BALLAST_RECONNECT_TIMEOUT_S";
 // a master restart. (3: it lost the job's Lease to another master.)
 inline constexpr int kMasterExitSuspended = 4;
 // Set by the operator while Kueue admits fewer worker pods than MAX + spares
-// (partial admission): the job runs with at most that many (MAX first, then
-// spares give way).
+// (partial admission): the job runs with at most that many (its spares give
+// way first, then MAX).
 inline constexpr char kAdmittedWorkersAnnotation[] = "ballast.dev/kueue-admitted-workers";
 
 struct ElasticJobSpec {
