@@ -224,7 +224,8 @@ void Operator::FinishWorkload(const Json& job) {
   if (!r.ok()) spdlog::warn("operator: {}", std::string(r.status().message()));
 }
 
-bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, const std::string& queue) {
+bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, const std::string& queue,
+                              std::function<void()>* when_pods_gone) {
   const std::string ns = spec.ns;
   const std::string wname = kueue::WorkloadName(spec);
   const std::string wpath = kube::ObjectPath(kueue::kApiVersion, "workloads", ns, wname);
@@ -248,27 +249,37 @@ bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, 
       patch_job(Json{{"spec", {{"suspend", true}}}}, "suspend (queued in Kueue)");
       return false;
     }
+    // Says why the Workload cannot be made yet, once (status message, event); retried at the resync.
+    auto cannot = [&](const std::string& msg) {
+      if (kube::Str(job, {"status", "message"}) != msg && PatchStatus(job, {{"message", msg}}).ok()) {
+        Event(job, "WorkloadNotCreated", msg, true);
+      }
+      return false;
+    };
+    // The priority: a WorkloadPriorityClass named by the label, else the
+    // template's PriorityClass.
     kueue::Priority priority;
     if (std::string wpc = kube::Str(job, {"metadata", "labels", kueue::kPriorityClassLabel}); !wpc.empty()) {
-      auto pc = client_->Get(kube::ObjectPath(kueue::kApiVersion, "workloadpriorityclasses", "", wpc),
-                             absl::StrCat("get WorkloadPriorityClass ", wpc));
-      if (!pc.ok()) {
-        const std::string msg = absl::StrCat("cannot read WorkloadPriorityClass ", wpc, " (label ",
-                                             kueue::kPriorityClassLabel, "): ", pc.status().message());
-        if (kube::Str(job, {"status", "message"}) != msg && PatchStatus(job, {{"message", msg}}).ok()) {
-          Event(job, "WorkloadNotCreated", msg, true);
-        }
-        return false;
-      }
-      priority = {wpc, kueue::kGroup, static_cast<int>(kube::Int(*pc, {"value"}))};
+      priority = {wpc, kueue::kGroup, 0};
     } else if (std::string pcn = kube::Str(spec.pod_template, {"spec", "priorityClassName"}); !pcn.empty()) {
-      auto pc = client_->Get(kube::ObjectPath("scheduling.k8s.io/v1", "priorityclasses", "", pcn),
-                             absl::StrCat("get PriorityClass ", pcn));
+      priority = {pcn, "scheduling.k8s.io", 0};
+    }
+    if (!priority.class_name.empty()) {
+      const bool workload_class = priority.group == kueue::kGroup;
+      const std::string what = absl::StrCat(workload_class ? "WorkloadPriorityClass " : "PriorityClass ",
+                                            priority.class_name);
+      auto pc = client_->Get(workload_class ? kube::ObjectPath(kueue::kApiVersion, "workloadpriorityclasses", "",
+                                                               priority.class_name)
+                                            : kube::ObjectPath("scheduling.k8s.io/v1", "priorityclasses", "",
+                                                               priority.class_name),
+                             absl::StrCat("get ", what));
       if (!pc.ok()) {
-        spdlog::warn("operator: ElasticJob {}: {}", spec.Describe(), std::string(pc.status().message()));
-        return false;
+        return cannot(absl::StrCat("cannot read ", what,
+                                   workload_class ? absl::StrCat(" (label ", kueue::kPriorityClassLabel, ")")
+                                                  : " (the template's priorityClassName)",
+                                   ": ", pc.status().message()));
       }
-      priority = {pcn, "scheduling.k8s.io", static_cast<int>(kube::Int(*pc, {"value"}))};
+      priority.value = static_cast<int>(kube::Int(*pc, {"value"}));
     }
     k8s::MasterPodParams mp;
     mp.image = !spec.master_image.empty() ? spec.master_image : options_.image;
@@ -278,18 +289,14 @@ bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, 
     auto r = client_->Create(kube::CollectionPath(kueue::kApiVersion, "workloads", ns), workload,
                              absl::StrCat("create Workload ", ns, "/", wname));
     if (!r.ok() && !absl::IsAlreadyExists(r.status())) {
-      const std::string msg =
-          absl::StrCat("cannot create its Kueue Workload: ", r.status().message(),
-                       absl::IsNotFound(r.status()) ? " (is Kueue installed? the job waits until it can)" : "");
-      if (kube::Str(job, {"status", "message"}) != msg && PatchStatus(job, {{"message", msg}}).ok()) {
-        Event(job, "WorkloadNotCreated", msg, true);
-      }
-      return false;
+      return cannot(absl::StrCat("cannot create its Kueue Workload: ", r.status().message(),
+                                 absl::IsNotFound(r.status()) ? " (is Kueue installed? the job waits until it can)"
+                                                              : ""));
     }
     if (r.ok()) {
       Event(job, "Queued",
             absl::StrCat("queued in LocalQueue ", queue, " as Kueue Workload ", wname, " (master 1 pod, workers ",
-                         spec.max_nodes + spec.spares, " pods", priority.class_name.empty() ? "" : ", priority ",
+                         spec.requested_max_nodes + spec.requested_spares, " pods", priority.class_name.empty() ? "" : ", priority ",
                          priority.class_name.empty() ? "" : absl::StrCat(priority.class_name, "=", priority.value),
                          ")"),
             false);
@@ -370,26 +377,23 @@ bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, 
   }
   if (view.state == kueue::State::kEvicted && view.quota_reserved) {
     // Suspended with quota still held: an eviction whose pods are going.
-    // The quota goes back once no pod of the job is left (the suspended
-    // path below deletes them; Kueue then queues the Workload again).
-    auto pods = client_->Get(absl::StrCat(kube::CollectionPath("v1", "pods", ns), "?labelSelector=",
-                                          kube::UrlEncode(absl::StrCat(k8s::kJobLabel, "=", spec.name))),
-                             absl::StrCat("list pods of ElasticJob ", spec.Describe()));
-    if (pods.ok() && pods->value("items", Json::array()).empty()) {
+    // The quota goes back once the suspended path, which deletes them,
+    // finds none left (Kueue then queues the Workload again).
+    *when_pods_gone = [this, job, wl = *std::move(wl), view, wpath, ns, wname, queue] {
       auto r = client_->Patch(wpath + "/status",
-                              kueue::UnsetQuotaPatch(*wl, view.reason,
+                              kueue::UnsetQuotaPatch(wl, view.reason,
                                                      view.message.empty() ? "The job was stopped" : view.message,
                                                      k8s::Rfc3339Now()),
                               absl::StrCat("give back the quota of Workload ", ns, "/", wname));
-      if (r.ok()) {
-        Event(job, "Requeued",
-              absl::StrCat("its pods are gone: gave the quota of ClusterQueue ", view.cluster_queue,
-                           " back; queued again in LocalQueue ", queue),
-              false);
-      } else {
+      if (!r.ok()) {
         spdlog::warn("operator: {}", std::string(r.status().message()));
+        return;
       }
-    }
+      Event(job, "Requeued",
+            absl::StrCat("its pods are gone: gave the quota of ClusterQueue ", view.cluster_queue,
+                         " back; queued again in LocalQueue ", queue),
+            false);
+    };
   }
   return true;  // the suspended path deletes what is left of its pods
 }
@@ -432,7 +436,8 @@ void Operator::Reconcile(const std::string& key) {
     }
     return exist;
   };
-  if (!queue.empty() && !ReconcileKueue(job, *spec, queue)) return;
+  std::function<void()> when_pods_gone;  // Kueue: give the quota back
+  if (!queue.empty() && !ReconcileKueue(job, *spec, queue, &when_pods_gone)) return;
   if (spec->suspend) {
     // Under Kueue the suspension is Kueue's: queued (not admitted yet) or
     // preempted (evicted after it ran).
@@ -459,7 +464,11 @@ void Operator::Reconcile(const std::string& key) {
     const int masters_left = workers_left == 0 ? delete_pods(spec->MasterSelector(), "the job is suspended") : 1;
     // Until they are gone: the next step (the master pod's deletion; under
     // Kueue, giving the quota back) follows them within a second.
-    if (workers_left != 0 || masters_left != 0) EnqueueAfter(key, 1.0);
+    if (workers_left != 0 || masters_left != 0) {
+      EnqueueAfter(key, 1.0);
+    } else if (when_pods_gone) {
+      when_pods_gone();
+    }
     // Its workers are gone: the next master starts the job anew (from its
     // checkpoints), not from the state of a round no pod runs any more.
     const std::string state = spec->name + "-master-state";

@@ -85,9 +85,11 @@ class Operator {
   // Kueue (operator/kueue.h), for a job with a queue-name label: keeps its
   // Workload and follows it (suspends the job until admitted, starts it on
   // admission, stops it on eviction and gives the quota back once its pods
-  // are gone). False when the reconcile ends here this time.
+  // are gone: *when_pods_gone, set for an evicted job, is run by the
+  // suspended path once it finds no pod of the job left). False when the
+  // reconcile ends here this time.
   bool ReconcileKueue(const kube::Json& job, const scheduler::kubernetes::ElasticJobSpec& spec,
-                      const std::string& queue);
+                      const std::string& queue, std::function<void()>* when_pods_gone);
   // A queued job finished: condition Finished on its Workload (frees the quota).
   void FinishWorkload(const kube::Json& job);
   // Starts the Workload informer (a change of a job's Workload reconciles the
