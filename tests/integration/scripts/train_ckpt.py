@@ -40,7 +40,9 @@ p.add_argument("--kill-node-step", type=int, default=-1,
 p.add_argument("--step-time", type=float, default=0.02)
 p.add_argument("--trigger", default=None,
                help="the --kill-step / --kill-node-step fault comes at the first step after this file exists "
-                    "(rank 0 looks; every rank learns it through an allreduce) instead of at a fixed step")
+                    "(rank 0 looks; every rank learns it through an allreduce) instead of at a fixed step; "
+                    "a first attempt that reaches the middle step before the file exists waits there for it, "
+                    "so the fault always falls mid-run however slowly the test's precondition comes")
 p.add_argument("--no-persist", action="store_true", help="keep every step in memory only (nothing on disk)")
 p.add_argument("--kill-rank-node", action="store_true",
                help="with --trigger: the fault is the loss of --kill-rank's node, not of the rank alone")
@@ -136,15 +138,33 @@ if state is not None:
 
 
 
-def triggered():
-    flag = torch.tensor([1 if rank == 0 and os.path.exists(args.trigger) else 0])
+def trigger_state():
+    # 1: the trigger file exists; 2: it fired before (in an earlier attempt or
+    # round: a node loss starts the next round with restart 0); 0: neither.
+    # Rank 0 looks, every rank learns it through an allreduce.
+    state = 0
+    if rank == 0:
+        state = 1 if os.path.exists(args.trigger) else 2 if os.path.exists(args.trigger + ".fired") else 0
+    flag = torch.tensor([state])
     dist.all_reduce(flag)
-    return bool(flag.item())
+    return int(flag.item())
+
+
+def triggered(hold):
+    # hold: wait here (every rank polls together) until the trigger comes,
+    # unless it fired before.
+    while True:
+        state = trigger_state()
+        if state != 0 or not hold:
+            return state == 1
+        time.sleep(args.step_time)
 
 
 for step in range(start, args.steps):
-    if args.trigger and restart == 0 and args.kill_step < 0 and args.kill_node_step < 0 and triggered():
+    armed = args.trigger and restart == 0 and args.kill_step < 0 and args.kill_node_step < 0
+    if armed and triggered(hold=step == args.steps // 2):
         if rank == 0:
+            open(args.trigger + ".fired", "w").close()
             os.unlink(args.trigger)  # once: a replacement's workers start with restart 0 too
         if args.kill_rank_node:
             args.kill_node_step = step
