@@ -26,6 +26,10 @@ std::string_view GoodputAccountant::PartName(Part part) {
       return "checkpoint";
     case kIdle:
       return "idle";
+    case kQueued:
+      return "queued";
+    case kPreempted:
+      return "preempted";
     case kNumParts:
       break;
   }
@@ -50,6 +54,9 @@ void GoodputAccountant::Close(double now, Part tail, Breakdown* b) const {
       // [since_, last_advance_) is attributed at each advance.
       b->seconds[tail] += std::max(0.0, now - last_advance_);
       break;
+    case Phase::kSuspended:
+      b->seconds[kPreempted] += elapsed;
+      break;
     case Phase::kDone:
       break;
   }
@@ -62,19 +69,19 @@ void GoodputAccountant::Enter(double now, Phase phase) {
 }
 
 void GoodputAccountant::Rendezvous(double now) {
-  if (phase_ == Phase::kDone || phase_ == Phase::kRendezvous) return;
+  if (phase_ == Phase::kDone || phase_ == Phase::kSuspended || phase_ == Phase::kRendezvous) return;
   Close(now, kRecompute, &totals_);
   Enter(now, Phase::kRendezvous);
 }
 
 void GoodputAccountant::Precheck(double now) {
-  if (phase_ == Phase::kDone || phase_ == Phase::kPrecheck) return;
+  if (phase_ == Phase::kDone || phase_ == Phase::kSuspended || phase_ == Phase::kPrecheck) return;
   Close(now, kRecompute, &totals_);
   Enter(now, Phase::kPrecheck);
 }
 
 void GoodputAccountant::RoundStarted(double now) {
-  if (phase_ == Phase::kDone) return;
+  if (phase_ == Phase::kDone || phase_ == Phase::kSuspended) return;
   if (phase_ == Phase::kStarting && starting_part_ == kRestart) return;  // a failure's restart goes on
   Close(now, kRecompute, &totals_);
   starting_part_ = started_once_ ? kRestart : kStartup;
@@ -142,9 +149,44 @@ void GoodputAccountant::Finished(double now) {
   Enter(now, Phase::kDone);
 }
 
+void GoodputAccountant::Suspended(double now) {
+  if (phase_ == Phase::kDone || phase_ == Phase::kSuspended) return;
+  Close(now, kRecompute, &totals_);  // the step in progress is lost
+  Enter(now, Phase::kSuspended);
+}
+
+void GoodputAccountant::Held(const Breakdown& before, double before_at, double queued_s, double admitted_at) {
+  // A fresh master: nothing is accounted yet, and since_ is its start.
+  const double now = since_;
+  const bool previous = before.wall_s > 0;
+  // When the job was admitted (or resumed) for this master; a previous
+  // master's breakdown newer than that was left by a master that ran after
+  // it (this one restarts the job without its state).
+  const double from = std::min(now, previous ? std::max(before_at, admitted_at) : admitted_at > 0 ? admitted_at : now);
+  Breakdown b;
+  if (previous) {
+    b = before;
+    b.seconds[kPreempted] += std::max(0.0, from - before_at);
+  } else {
+    b.seconds[kQueued] = std::max(0.0, queued_s);
+  }
+  b.seconds[b.steps_seen ? kRestart : kStartup] += now - from;
+  double carried = 0;
+  for (double s : b.seconds) carried += s;
+  totals_ = b;
+  totals_.wall_s = 0;  // Get() and Finished() set it
+  start_ = now - carried;
+  started_once_ = b.steps_seen || b.high_water_step > 0;
+  starting_part_ = started_once_ ? kRestart : kStartup;
+}
+
 void GoodputAccountant::Resume(double start, double mark, const Breakdown& b, bool running, bool training,
                                double round_stall_s) {
-  start_ = start;
+  // The parts add up to the wall: one that began before this job's master
+  // (queued, a previous master's time: Held) moves the start back.
+  double carried = 0;
+  for (double s : b.seconds) carried += s;
+  start_ = std::min(start, mark - carried);
   totals_ = b;
   totals_.wall_s = 0;  // Get() and Finished() set it
   started_once_ = running || b.high_water_step > 0;
@@ -166,11 +208,16 @@ GoodputAccountant::Breakdown GoodputAccountant::Get(double now) const {
 std::string FormatGoodput(const v1::Goodput& g) {
   if (!g.known()) return absl::StrFormat("goodput unknown after %.1f s: %s", g.wall_s(), g.note());
   std::string parts;
+  double away = 0;  // queued and preempted: not in goodput's denominator
   for (const auto& p : g.parts()) {
+    if (p.part() == "queued" || p.part() == "preempted") away += p.seconds();
     if (p.part() != "productive" && p.seconds() < 0.05) continue;
     absl::StrAppend(&parts, parts.empty() ? "" : ", ", p.part(), " ", absl::StrFormat("%.1f s", p.seconds()));
   }
-  std::string line = absl::StrFormat("goodput %.1f%% of %.1f s (%s", 100 * g.goodput(), g.wall_s(), parts);
+  std::string line =
+      away < 0.05 ? absl::StrFormat("goodput %.1f%% of %.1f s (%s", 100 * g.goodput(), g.wall_s(), parts)
+                  : absl::StrFormat("goodput %.1f%% of the %.1f s the job held its nodes (wall %.1f s: %s",
+                                    100 * g.goodput(), g.wall_s() - away, g.wall_s(), parts);
   if (g.recomputed_steps() > 0) absl::StrAppend(&line, "; ", g.recomputed_steps(), " steps redone");
   return line + ")";
 }

@@ -1,7 +1,9 @@
 // GoodputAccountant: splits a job's wall time into what it was spent on,
 // from what the master sees: rounds starting, failures, waiting for nodes,
 // pre-flight checks, the world's step from the agents' progress reports
-// (`ballast.step`), the end of the job. goodput = productive / wall.
+// (`ballast.step`), the end of the job, and, on Kubernetes, the time the job
+// waited for its quota. goodput = productive / (wall - queued - preempted):
+// the share of the time the job held its nodes that trained the model.
 //
 // Parts (they add up to the wall time at every moment):
 //   productive   time of steps that advanced the model past the highest step
@@ -21,7 +23,11 @@
 //                taken out of the step intervals it fell in;
 //   idle         time in a running round not attributed yet: since the last
 //                advance of the world's step (a step in progress becomes
-//                productive or recompute when it completes).
+//                productive or recompute when it completes);
+//   queued       waiting for Kueue to admit the job the first time (before
+//                any master ran: the operator measures it, Held() adds it);
+//   preempted    from the job's suspension (Kueue evicted it, or
+//                spec.suspend) until it was admitted or resumed again.
 // What it cannot see: a script that never calls ballast.step() reports no
 // steps (then steps_seen is false and goodput is unknown, not guessed);
 // checkpoint saves that bypass ballast.checkpoint (torch.save in the script)
@@ -45,7 +51,20 @@ namespace ballast::master {
 
 class GoodputAccountant {
  public:
-  enum Part { kProductive, kRecompute, kRestart, kRendezvous, kPrecheck, kStartup, kCheckpoint, kIdle, kNumParts };
+  // New parts go at the end: a journal keeps the seconds by index.
+  enum Part {
+    kProductive,
+    kRecompute,
+    kRestart,
+    kRendezvous,
+    kPrecheck,
+    kStartup,
+    kCheckpoint,
+    kIdle,
+    kQueued,
+    kPreempted,
+    kNumParts
+  };
   static std::string_view PartName(Part part);
 
   explicit GoodputAccountant(double now);
@@ -71,15 +90,28 @@ class GoodputAccountant {
   void Progress(double now, int64_t step) { Progress(now, WorldStep{step, now, step, now}); }
   // The job ended: the wall clock stops.
   void Finished(double now);
-
+  // The job was suspended (Kueue evicted it, or spec.suspend): from now the
+  // time is preempted (the step in progress is lost) until the job ends
+  // for this master.
+  void Suspended(double now);
   struct Breakdown {
     double wall_s = 0;
     std::array<double, kNumParts> seconds{};
     bool steps_seen = false;  // some progress report came (else goodput is unknown)
     int64_t high_water_step = 0;
     int64_t recomputed_steps = 0;
-    double goodput() const { return wall_s > 0 ? seconds[kProductive] / wall_s : 0; }
+    // Of the time the job held its nodes (not queued, not preempted).
+    double held_s() const { return wall_s - seconds[kQueued] - seconds[kPreempted]; }
+    double goodput() const { return held_s() > 0 ? seconds[kProductive] / held_s() : 0; }
   };
+  // What came before this master (a fresh one, at its start): `before`, the
+  // breakdown the job's previous master left (its wall included), as of
+  // `before_at`; then the job waited suspended until `admitted_at`, and is
+  // starting since (startup, or restart once steps were seen). With no
+  // previous master (`before` empty) the job was queued `queued_s` before
+  // `admitted_at`. Times are this clock's; the wall grows by all of it.
+  void Held(const Breakdown& before, double before_at, double queued_s, double admitted_at);
+
   Breakdown Get(double now) const;
   int64_t high_water_step() const { return totals_.high_water_step; }
   // The checkpoint stall the running round's slowest worker reported so far.
@@ -93,7 +125,7 @@ class GoodputAccountant {
   void Resume(double start, double mark, const Breakdown& b, bool running, bool training, double round_stall_s);
 
  private:
-  enum class Phase { kRendezvous, kPrecheck, kStarting, kTraining, kDone };
+  enum class Phase { kRendezvous, kPrecheck, kStarting, kTraining, kSuspended, kDone };
   // Adds the current phase's time up to `now` to `b`; in training, the time
   // since the last advance goes to `tail`.
   void Close(double now, Part tail, Breakdown* b) const;
@@ -112,6 +144,16 @@ class GoodputAccountant {
   double round_stall_ = 0;      // WorldStep::ckpt_stall_s seen this round
   double pending_stall_ = 0;    // stall not yet taken out of a step interval
   Breakdown totals_;
+};
+
+// What came before a fresh master, for its goodput (Held()): on Kubernetes
+// the job's status (status.time, status.queuedSeconds, status.admittedAt).
+struct GoodputBefore {
+  GoodputAccountant::Breakdown breakdown;  // the job's previous master's (wall_s 0: none)
+  double at_unix_s = 0;                    // when that breakdown was taken
+  double queued_s = 0;                     // queued before the first admission
+  double admitted_unix_s = 0;              // admitted (or resumed) for this master; 0: unknown
+  bool empty() const { return breakdown.wall_s <= 0 && queued_s <= 0; }
 };
 
 // The world's step over the whole job for a step-rate chart, in at most

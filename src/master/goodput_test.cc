@@ -102,6 +102,91 @@ TEST(Goodput, CheckpointStallsComeOutOfTheStepIntervalsTheyFellIn) {
   EXPECT_DOUBLE_EQ(Sum(b), b.wall_s);
 }
 
+// A Kueue job: queued 30 s before its first master, trains, is preempted
+// (the master sees its suspension, the step in progress is lost), and the
+// master after the re-admission carries on from the first one's breakdown.
+TEST(Goodput, QueuedAndPreemptedTimeHaveTheirPartsAndAreNotInGoodput) {
+  G first(1000.0);
+  GoodputBefore before;
+  before.queued_s = 30;
+  first.Held(before.breakdown, 0, before.queued_s, 999.0);  // admitted 1 s before this master started
+  first.RoundStarted(1001.0);                               // 1 s waiting for nodes, 1 + 1 s startup
+  first.Progress(1002.0, 1);
+  first.Progress(1012.0, 11);  // 10 s productive
+  first.Suspended(1012.5);     // 0.5 s of a step lost
+  first.RoundStarted(1013.0);  // what the suspended master still sees changes nothing
+  first.Failure(1013.5);
+  first.Rendezvous(1014.0);
+  G::Breakdown b = first.Get(1016.5);  // 4 s preempted so far (the drain)
+  EXPECT_DOUBLE_EQ(b.seconds[G::kQueued], 30.0);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kStartup], 2.0);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kRendezvous], 1.0);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kProductive], 10.0);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kRecompute], 0.5);
+  EXPECT_DOUBLE_EQ(b.seconds[G::kPreempted], 4.0);
+  EXPECT_DOUBLE_EQ(b.wall_s, 30.0 + 1016.5 - 999.0);
+  EXPECT_DOUBLE_EQ(Sum(b), b.wall_s);
+  EXPECT_DOUBLE_EQ(b.held_s(), 13.5);
+  EXPECT_DOUBLE_EQ(b.goodput(), 10.0 / 13.5);  // queued and preempted are not the job's to lose
+
+  // Re-admitted at 2020 (its own clock), the next master starts at 2021:
+  // the first master's breakdown was taken at 2000 (by this clock).
+  G second(2021.0);
+  second.Held(b, 2000.0, 30.0, 2020.0);
+  second.RoundStarted(2021.0);
+  second.Progress(2022.0, 11);  // resumed from step 11: 1 + 1 s restart
+  second.Progress(2025.0, 14);
+  G::Breakdown c = second.Get(2025.0);
+  EXPECT_DOUBLE_EQ(c.seconds[G::kQueued], 30.0);  // not counted twice
+  EXPECT_DOUBLE_EQ(c.seconds[G::kPreempted], 4.0 + 20.0);
+  EXPECT_DOUBLE_EQ(c.seconds[G::kRestart], 2.0);
+  EXPECT_DOUBLE_EQ(c.seconds[G::kProductive], 13.0);
+  EXPECT_DOUBLE_EQ(c.wall_s, b.wall_s + 20.0 + 5.0);
+  EXPECT_DOUBLE_EQ(Sum(c), c.wall_s);
+  EXPECT_EQ(c.high_water_step, 14);
+
+  // A master that restarts the job without the last one's state (its
+  // breakdown newer than the admission): the gap is a restart, not preempted.
+  G third(3010.0);
+  third.Held(c, 3000.0, 30.0, 2020.0);
+  G::Breakdown d = third.Get(3010.0);
+  EXPECT_DOUBLE_EQ(d.seconds[G::kPreempted], c.seconds[G::kPreempted]);
+  EXPECT_DOUBLE_EQ(d.seconds[G::kRestart], 2.0 + 10.0);
+  EXPECT_DOUBLE_EQ(Sum(d), d.wall_s);
+
+  // The line `ballast status` and job summaries print.
+  v1::Goodput g;
+  g.set_known(true);
+  g.set_wall_s(b.wall_s);
+  g.set_goodput(b.goodput());
+  for (int p = 0; p < G::kNumParts; ++p) {
+    v1::GoodputPart* part = g.add_parts();
+    part->set_part(std::string(G::PartName(static_cast<G::Part>(p))));
+    part->set_seconds(b.seconds[p]);
+  }
+  EXPECT_EQ(FormatGoodput(g),
+            "goodput 74.1% of the 13.5 s the job held its nodes (wall 47.5 s: productive 10.0 s, recompute 0.5 s, "
+            "rendezvous 1.0 s, startup 2.0 s, queued 30.0 s, preempted 4.0 s)");
+}
+
+// A master that resumes from its journal carries the time that came before
+// the job's first master in the journaled parts: the wall still adds up.
+TEST(Goodput, AResumedMasterKeepsTheQueuedTimeInTheWall) {
+  G g(100.0);
+  G::Breakdown b;
+  b.seconds[G::kQueued] = 30;
+  b.seconds[G::kStartup] = 2;
+  b.seconds[G::kProductive] = 8;
+  b.steps_seen = true;
+  b.high_water_step = 8;
+  g.Resume(/*start=*/100.0, /*mark=*/110.0, b, /*running=*/true, /*training=*/true, 0);
+  g.Progress(112.0, 10);
+  G::Breakdown c = g.Get(112.0);
+  EXPECT_DOUBLE_EQ(c.seconds[G::kProductive], 10.0);
+  EXPECT_DOUBLE_EQ(c.wall_s, 42.0);
+  EXPECT_DOUBLE_EQ(Sum(c), c.wall_s);
+}
+
 TEST(StepHistory, StaysBoundedAndSpansTheWholeJob) {
   StepHistory h;
   for (int i = 0; i < 10000; ++i) h.Add(0.5 * i, i);

@@ -146,9 +146,17 @@ JobMaster::JobMaster(JobMasterOptions options)
   precheck_.enabled = options_.precheck;
   precheck_.exclude_stragglers = options_.exclude_stragglers;
   precheck_.coordinator = PrecheckCoordinator(options_.precheck_options);
+  const bool resumes = journal_ != nullptr && journal_->recovered();
+  if (!resumes && !options_.goodput_before.empty()) {
+    const GoodputBefore& b = options_.goodput_before;
+    const double now = clock_->Now();
+    const double unix_now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    auto at = [&](double unix_s) { return unix_s > 0 ? now - std::max(0.0, unix_now - unix_s) : 0.0; };
+    goodput_.Held(b.breakdown, at(b.at_unix_s), b.queued_s, at(b.admitted_unix_s));
+  }
   if (journal_ == nullptr) return;
   JobLock lock(&mu_);
-  if (journal_->recovered()) {
+  if (resumes) {
     Restore(journal_->state());
     return;
   }
@@ -560,6 +568,12 @@ void JobMaster::Abort(const std::string& message) {
   JobLock lock(&mu_);
   if (finished()) return;
   Finish(false, absl::StartsWith(message, "job failed") ? message : absl::StrCat("job failed: ", message));
+}
+
+void JobMaster::Suspended() {
+  JobLock lock(&mu_);
+  if (finished()) return;
+  goodput_.Suspended(clock_->Now());
 }
 
 void JobMaster::NotifyLost(const LostList& lost) {

@@ -133,6 +133,10 @@ struct JobMasterOptions {
   // to reconnect; those that do keep training (the round does not change).
   // The options must match the journal's job (CheckJournalMatches).
   Journal* journal = nullptr;
+  // A fresh master's goodput carries on from what came before it (the time
+  // queued, the previous master's breakdown, the time preempted); one that
+  // resumes from its journal has it there.
+  GoodputBefore goodput_before;
 };
 
 // Whether options (from flags) may resume the job a journal holds:
@@ -249,6 +253,9 @@ class JobMaster {
   // Fails the job with `message` (e.g. the scheduler cannot provide nodes):
   // every agent gets JobFinished. A no-op once the job finished.
   void Abort(const std::string& message);
+  // The job was suspended (Kueue evicted it, or spec.suspend): its time is
+  // preempted from now on (goodput), until this master stops.
+  void Suspended();
 
   // The result once the job finished.
   std::optional<JobOutcome> outcome() const;

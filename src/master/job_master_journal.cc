@@ -259,10 +259,11 @@ void JobMaster::RestoreNodes(const v1::MasterSnapshot& st, double now) {
 
 void JobMaster::RestoreGoodput(const v1::MasterSnapshot& st, double now) {
   // Goodput carries on from the last mark.
-  if (st.goodput().seconds_size() == GoodputAccountant::kNumParts) {
+  // A journal of an older release has fewer parts (new ones are appended).
+  if (st.goodput().seconds_size() > 0 && st.goodput().seconds_size() <= GoodputAccountant::kNumParts) {
     const v1::JournalGoodput& g = st.goodput();
     GoodputAccountant::Breakdown b;
-    for (int p = 0; p < GoodputAccountant::kNumParts; ++p) b.seconds[p] = g.seconds(p);
+    for (int p = 0; p < g.seconds_size(); ++p) b.seconds[p] = g.seconds(p);
     b.steps_seen = g.steps_seen();
     b.high_water_step = g.high_water_step();
     b.recomputed_steps = g.recomputed_steps();

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
   jo.on_node_excluded = options.on_node_excluded;
+  jo.goodput_before = options.goodput_before;
   std::unique_ptr<Journal> journal;
   int port = options.port;
   if (!options.journal_dir.empty()) {
@@ -222,6 +223,8 @@ std::optional<v1::MasterSnapshot> MasterServer::JournalStateAfter(uint64_t seq) 
 }
 
 void MasterServer::Abort(const std::string& message) { impl_->job->Abort(message); }
+
+void MasterServer::Suspended() { impl_->job->Suspended(); }
 
 void MasterServer::Shutdown(double linger_s) {
   Impl& impl = *impl_;

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/tls.h"
 #include "health/health_policy.h"
+#include "master/goodput.h"
 
 namespace ballast::master {
 
@@ -67,6 +68,8 @@ struct MasterOptions {
   // Called with the master's lock held when a node is excluded (failed the
   // pre-flight check): it must only queue.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_excluded;
+  // JobMasterOptions::goodput_before.
+  GoodputBefore goodput_before;
 };
 
 // The HTTP port a master gets by default: the one after its gRPC port, or
@@ -104,6 +107,8 @@ class MasterServer {
   v1::JobStatus Status() const;
   // Fails the job (JobMaster::Abort).
   void Abort(const std::string& message);
+  // JobMaster::Suspended.
+  void Suspended();
 
   // Stops serving. Waits up to linger_s for every connected agent to have been
   // sent the final decision, then shuts the gRPC server down. Idempotent.

@@ -63,7 +63,8 @@ std::string PrometheusText(const MetricsInput& in) {
   const v1::Goodput& g = st.goodput();
   if (g.known()) {  // absent until the workers report steps (ballast.step)
     w.Family("ballast_goodput_ratio", "gauge",
-             "Share of the job's wall time that trained the model for the first time (productive / wall).");
+             "Share of the time the job held its nodes that trained the model for the first time "
+             "(productive / (wall - queued - preempted)).");
     w.Sample("ballast_goodput_ratio", g.goodput());
   }
   w.Family("ballast_time_seconds_total", "counter",

@@ -340,7 +340,9 @@ bool Operator::ReconcileKueue(const Json& job, const k8s::ElasticJobSpec& spec, 
       const Json* before = kube::Find(job, {"status", "queuedSeconds"});
       const double queued_s = (before != nullptr && before->is_number() ? before->get<double>() : 0.0) +
                               kueue::QueuedSeconds(*wl, absl::Now());
-      if (PatchStatus(job, {{"message", absl::StrCat("admitted by Kueue to ClusterQueue ", view.cluster_queue)},
+      if (PatchStatus(job, {{"phase", "Admitted"},
+                            {"message", absl::StrCat("admitted by Kueue to ClusterQueue ", view.cluster_queue,
+                                                     ": starting the master")},
                             {"queue", queue},
                             {"clusterQueue", view.cluster_queue},
                             {"queuedSeconds", std::round(queued_s * 10) / 10}})
@@ -504,9 +506,15 @@ void Operator::Reconcile(const std::string& key) {
   const int restarts = static_cast<int>(kube::Int(job, {"status", "masterRestarts"}));
   const int generation = static_cast<int>(kube::Int(job, {"status", "masterGeneration"}));
   int next_generation = generation + 1;
+  // Under Kueue the phase stays Admitted (with the admission's message)
+  // until the master says Pending or Running.
+  const bool admitted = phase == "Admitted";
   if (generation == 0) {
-    if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "starting the master"}, {"masterRestarts", 0},
-                           {"masterGeneration", next_generation}})
+    if (!PatchStatus(job, {{"phase", admitted ? "Admitted" : "Pending"},
+                           {"message", admitted ? kube::Str(job, {"status", "message"}) : "starting the master"},
+                           {"masterRestarts", 0},
+                           {"masterGeneration", next_generation},
+                           {"admittedAt", k8s::Rfc3339PreciseNow()}})
              .ok()) {
       return;
     }
@@ -550,17 +558,20 @@ void Operator::Reconcile(const std::string& key) {
         return;
       }
     }
-    if (phase == "Suspended" || phase == "Preempted" || phase == "Queued" || stopped_suspended) {
+    if (phase == "Suspended" || phase == "Preempted" || phase == "Queued" || admitted || stopped_suspended) {
       // Resuming: its master was deleted or stopped for the suspension, not
       // lost (the master never overwrites the phase Suspended: its status
       // writes are conditional on a read that shows the job not suspended).
-      if (!PatchStatus(job, {{"phase", "Pending"}, {"message", "resuming: starting a new master"},
-                             {"masterGeneration", next_generation}})
+      if (!PatchStatus(job, {{"phase", admitted ? "Admitted" : "Pending"},
+                             {"message", admitted ? kube::Str(job, {"status", "message"})
+                                                  : "resuming: starting a new master"},
+                             {"masterGeneration", next_generation},
+                             {"admittedAt", k8s::Rfc3339PreciseNow()}})
                .ok()) {
         return;
       }
       Event(job, "Resumed",
-            phase == "Preempted"
+            phase == "Preempted" || admitted
                 ? "admitted again by Kueue: starting a new master (the job resumes from the checkpoint it persisted "
                   "when it was preempted)"
             : phase == "Suspended"

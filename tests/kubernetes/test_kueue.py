@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import unittest
 
@@ -51,6 +52,36 @@ def sampler_job(name, ns, out, ckpt, step_time=0.25):
             "spec": {"nodes": "2", "nprocPerNode": 1, "maxRestarts": 3, "maxReplacements": 3,
                      "checkpointDir": ckpt,
                      "template": {"spec": {"containers": [container], "terminationGracePeriodSeconds": 10}}}}
+
+
+class PhaseRecorder:
+    """The phases a job's status goes through, polled every 20 ms from a
+    thread (Admitted lasts while the master pod starts)."""
+
+    def __init__(self, harness):
+        self.phases = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(harness,), daemon=True)
+        self._thread.start()
+
+    def _run(self, harness):
+        while not self._stop.is_set():
+            try:
+                phase = harness.status().get("phase")
+            except Exception:  # noqa: BLE001 - a failed read is retried
+                phase = None
+            if phase and (not self.phases or self.phases[-1] != phase):
+                self.phases.append(phase)
+            self._stop.wait(0.02)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.phases
+
+
+def time_parts(status):
+    return (status.get("time") or {}).get("parts") or {}
 
 
 def condition(obj, kind):
@@ -104,6 +135,7 @@ class ElasticJobsUnderKueue(JobTestCase):
         a.apply(queued(sleep_job("a", self.ns, nodes="2", seconds=20), "q"))
         st = a.wait_phase("Running", 90)
         b.apply(queued(sleep_job("b", self.ns, nodes="2", seconds=2), "q"))
+        phases = PhaseRecorder(b)
         st = b.wait_phase("Queued", 30)
         self.assertEqual(st.get("queue"), "q")
         wl_b = self.k.wait(lambda: self.workload("b"), 30, "b's Workload")
@@ -120,9 +152,19 @@ class ElasticJobsUnderKueue(JobTestCase):
         a.wait_phase("Succeeded", 120)
         self.k.wait(lambda: (condition(self.workload("a"), "Finished") or {}).get("status") == "True", 30,
                     "a's Workload Finished")
-        b.wait_phase("Succeeded", 150)
+        st = b.wait_phase("Succeeded", 150)
+        seen = phases.stop()
         self.assertEqual(b.reasons()[:2], ["Queued", "Admitted"], self.debug(b))
         self.assertNotIn("Resumed", b.reasons())
+        self.assertEqual([p for p in seen if p in ("Queued", "Admitted", "Running", "Succeeded")],
+                         ["Queued", "Admitted", "Running", "Succeeded"], seen)
+        # The time b waited for the quota is its goodput's queued part (not
+        # in goodput's share), as the operator measured it.
+        parts = time_parts(st)
+        self.assertGreater(st.get("queuedSeconds", 0), 5, st)
+        self.assertAlmostEqual(parts.get("queued", 0), st["queuedSeconds"], delta=0.2, msg=st)
+        self.assertEqual(parts.get("preempted", 0), 0, st)
+        self.assertAlmostEqual(sum(parts.values()), st["time"]["wallSeconds"], delta=0.1, msg=st)
 
     def test_min_max_job_is_partially_admitted_and_runs_with_what_the_quota_holds(self):
         j = self.harness("partial")
@@ -201,13 +243,28 @@ class ElasticJobsUnderKueue(JobTestCase):
         lineage, redone = check_lineage(self, renumbered, epochs=EPOCHS, size=SIZE)
         self.assertLessEqual(redone, 2, (lineage, redone))  # at most the step in flight, on each rank
 
+        # The time from the eviction to the re-admission is the goodput's
+        # preempted part, carried by the master that resumed the job from the
+        # first one's status.time; the training before it is still counted.
+        st = low.status()
+        parts = time_parts(st)
+        self.assertGreater(parts.get("preempted", 0), 0.5 * (t_readmitted - t_evicted), st)
+        self.assertLess(parts.get("preempted", 0), t_readmitted - t_evicted + 10, st)
+        # The wall spans both masters (without the first one's time it would
+        # start at the re-admission).
+        self.assertGreater(st["time"]["wallSeconds"], max(e["t"] for e in after) - min(e["t"] for e in before) - 1,
+                           st)
+        self.assertAlmostEqual(sum(parts.values()), st["time"]["wallSeconds"], delta=0.1, msg=st)
+
         first_step_after = min(e["t"] for e in after if e["ev"] == "train")
         reasons = low.reasons()
         for r in ("Queued", "Admitted", "Preempted", "Requeued", "Resumed"):
             self.assertIn(r, reasons, self.debug(low))
         print(f"\nkueue preemption: evicted -> pods gone {t_gone - t_evicted:.1f} s; re-admitted -> next step "
               f"{first_step_after - t_readmitted:.1f} s; steps at eviction {step_at_eviction}, resumed from "
-              f"{resumed['step']} ({step_at_eviction - resumed['step']} lost); redone rank-steps {redone}",
+              f"{resumed['step']} ({step_at_eviction - resumed['step']} lost); redone rank-steps {redone}; "
+              f"status.time: preempted {parts.get('preempted', 0):.1f} s, productive {parts.get('productive', 0):.1f} s "
+              f"of {st['time']['wallSeconds']:.1f} s, goodput {st.get('goodput')}",
               file=sys.stderr, flush=True)
         shutil.rmtree(renumbered, ignore_errors=True)
 

@@ -8,6 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/chaos.h"
 #include "common/module_list.h"
 #include "common/net.h"
@@ -429,6 +431,10 @@ std::string Rfc3339Now() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+std::string Rfc3339PreciseNow() {
+  return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
 }
 
 Json BuildJobEvent(const Json& meta, const std::string& reason, const std::string& message, bool warning,

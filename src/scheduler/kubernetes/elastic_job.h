@@ -144,6 +144,8 @@ Json BuildWorkerRoleBinding(const ElasticJobSpec& job);
 
 // RFC 3339 UTC time ("2026-12-01T10:00:00Z") for status and events.
 std::string Rfc3339Now();
+// With microseconds (status fields that time is measured from).
+std::string Rfc3339PreciseNow();
 
 // A core/v1 Event about the ElasticJob `job` (its metadata: namespace, name,
 // uid): what `kubectl describe elasticjob` lists. The message is cut to 1000

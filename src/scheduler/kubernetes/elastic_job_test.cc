@@ -1,5 +1,8 @@
 #include "scheduler/kubernetes/elastic_job.h"
 
+#include "absl/time/time.h"
+#include "scheduler/kubernetes/kubernetes_job.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -242,6 +245,46 @@ TEST(MasterObjects, PodKeepsItsJournalInAnEmptyDirNamedAfterItsUid) {
   EXPECT_EQ(c["volumeMounts"][0]["name"], "journal");
   EXPECT_EQ(pod["spec"]["volumes"][0]["name"], "journal");
   EXPECT_TRUE(pod["spec"]["volumes"][0].contains("emptyDir"));
+}
+
+// status.time: what a master leaves for the next one (after a preemption)
+// reads back as the breakdown it wrote, with the operator's queue and
+// admission times beside it.
+TEST(StatusTime, ReadsBackAsTheBreakdownTheNextMasterCarriesOn) {
+  using Acc = master::GoodputAccountant;
+  v1::Goodput g;
+  g.set_known(true);
+  g.set_wall_s(46.5);
+  g.set_high_water_step(11);
+  g.set_recomputed_steps(2);
+  const std::vector<std::pair<Acc::Part, double>> parts = {
+      {Acc::kProductive, 10}, {Acc::kRecompute, 0.5}, {Acc::kStartup, 2}, {Acc::kQueued, 30}, {Acc::kPreempted, 4}};
+  for (int p = 0; p < Acc::kNumParts; ++p) {
+    v1::GoodputPart* part = g.add_parts();
+    part->set_part(std::string(Acc::PartName(static_cast<Acc::Part>(p))));
+    for (const auto& [which, sec] : parts) {
+      if (which == p) part->set_seconds(sec);
+    }
+  }
+  const absl::Time at = absl::FromUnixMicros(1'800'000'000'250'000);
+  Json status = {{"time", StatusTime(g, at)}, {"queuedSeconds", 30.0}, {"admittedAt", "2027-01-15T08:00:10.5Z"}};
+  EXPECT_EQ(status["time"]["at"], "2027-01-15T08:00:00.250000Z");
+  EXPECT_EQ(status["time"]["parts"]["preempted"], 4.0);
+  const master::GoodputBefore b = GoodputBeforeFrom(status);
+  EXPECT_DOUBLE_EQ(b.at_unix_s, 1'800'000'000.25);
+  EXPECT_DOUBLE_EQ(b.admitted_unix_s, 1'800'000'010.5);
+  EXPECT_DOUBLE_EQ(b.queued_s, 30.0);
+  EXPECT_DOUBLE_EQ(b.breakdown.wall_s, 46.5);
+  for (const auto& [which, sec] : parts) EXPECT_DOUBLE_EQ(b.breakdown.seconds[which], sec) << which;
+  EXPECT_TRUE(b.breakdown.steps_seen);
+  EXPECT_EQ(b.breakdown.high_water_step, 11);
+  EXPECT_EQ(b.breakdown.recomputed_steps, 2);
+  // A job no master ran yet: only the queue's time.
+  const master::GoodputBefore fresh = GoodputBeforeFrom(Json{{"queuedSeconds", 12.5}, {"time", "garbage"}});
+  EXPECT_DOUBLE_EQ(fresh.breakdown.wall_s, 0);
+  EXPECT_DOUBLE_EQ(fresh.queued_s, 12.5);
+  EXPECT_FALSE(fresh.empty());
+  EXPECT_TRUE(GoodputBeforeFrom(Json::object()).empty());
 }
 
 }  // namespace

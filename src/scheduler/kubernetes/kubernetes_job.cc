@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/net.h"
 #include "common/tunables.h"
 #include "kube/lease.h"
@@ -217,6 +220,7 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
   s["message"] = st.message();
   if (!pod_name_.empty()) s["masterPod"] = pod_name_;
   if (st.goodput().known()) s["goodput"] = absl::StrFormat("%.1f%%", 100 * st.goodput().goodput());
+  s["time"] = StatusTime(st.goodput(), absl::Now());
   // Events for round changes, before the status that shows them.
   if (st.round() > last_round_) {
     if (last_round_ == 0) {
@@ -249,8 +253,12 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
   if (compare == last_ && !s.contains("startTime")) return;
   Json without_goodput = compare;
   without_goodput.erase("goodput");
+  without_goodput.erase("time");
   Json last_without_goodput = last_;
-  if (last_without_goodput.is_object()) last_without_goodput.erase("goodput");
+  if (last_without_goodput.is_object()) {
+    last_without_goodput.erase("goodput");
+    last_without_goodput.erase("time");
+  }
   const auto now = std::chrono::steady_clock::now();
   if (without_goodput == last_without_goodput && !s.contains("startTime") &&
       now - goodput_written_ < std::chrono::seconds(5)) {
@@ -267,6 +275,7 @@ void JobStatusWriter::Finish(bool succeeded, const std::string& message, int res
                              const v1::Goodput& goodput) {
   Json s;
   if (goodput.known()) s["goodput"] = absl::StrFormat("%.1f%%", 100 * goodput.goodput());
+  if (goodput.parts_size() > 0) s["time"] = StatusTime(goodput, absl::Now());
   s["phase"] = succeeded ? "Succeeded" : "Failed";
   s["message"] = message;
   s["restarts"] = restarts;
@@ -282,7 +291,7 @@ void JobStatusWriter::Resume(const Json& status) {
   // The fields this master applies (Update, Finish): applying without one it
   // applied before would remove it. The operator's own fields stay its own.
   for (const char* k : {"phase", "round", "nodes", "workers", "world", "restarts", "replacements", "message",
-                        "masterPod", "startTime", "goodput"}) {
+                        "masterPod", "startTime", "goodput", "time"}) {
     if (status.contains(k)) applied_[k] = status[k];
   }
   if (status.contains("conditions") && status["conditions"].is_array()) {
@@ -293,6 +302,47 @@ void JobStatusWriter::Resume(const Json& status) {
   last_restarts_ = status.value("restarts", 0);
   last_nodes_ = status.value("nodes", 0);
   started_ = status.contains("startTime");
+}
+
+Json StatusTime(const v1::Goodput& g, absl::Time at) {
+  auto cents = [](double s) { return std::round(s * 100) / 100; };
+  Json parts = Json::object();
+  for (const v1::GoodputPart& p : g.parts()) parts[p.part()] = cents(p.seconds());
+  return Json{{"at", absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", at, absl::UTCTimeZone())},  // as Rfc3339PreciseNow
+              {"wallSeconds", cents(g.wall_s())},
+              {"parts", std::move(parts)},
+              {"stepsSeen", g.known()},
+              {"highWaterStep", g.high_water_step()},
+              {"recomputedSteps", g.recomputed_steps()}};
+}
+
+master::GoodputBefore GoodputBeforeFrom(const Json& status) {
+  auto unix_s = [](const std::string& text) {
+    absl::Time t;
+    std::string err;
+    if (text.empty() || !absl::ParseTime(absl::RFC3339_full, text, &t, &err)) return 0.0;
+    return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+  };
+  auto number = [](const Json* j) { return j != nullptr && j->is_number() ? j->get<double>() : 0.0; };
+  master::GoodputBefore b;
+  b.queued_s = std::max(0.0, number(kube::Find(status, {"queuedSeconds"})));
+  b.admitted_unix_s = unix_s(kube::Str(status, {"admittedAt"}));
+  const Json* time = kube::Find(status, {"time"});
+  const Json* parts = time != nullptr ? kube::Find(*time, {"parts"}) : nullptr;
+  const double at = time != nullptr ? unix_s(kube::Str(*time, {"at"})) : 0;
+  if (parts == nullptr || !parts->is_object() || at <= 0) return b;
+  using Acc = master::GoodputAccountant;
+  Acc::Breakdown& d = b.breakdown;
+  for (int p = 0; p < Acc::kNumParts; ++p) {
+    const std::string name(Acc::PartName(static_cast<Acc::Part>(p)));
+    d.seconds[p] = std::max(0.0, number(kube::Find(*parts, {name.c_str()})));
+    d.wall_s += d.seconds[p];
+  }
+  d.steps_seen = time->value("stepsSeen", false);
+  d.high_water_step = kube::Int(*time, {"highWaterStep"});
+  d.recomputed_steps = kube::Int(*time, {"recomputedSteps"});
+  b.at_unix_s = at;
+  return b;
 }
 
 // --- the master's loop ---
@@ -419,6 +469,10 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     if (FencedScheduler* f = fenced_slot.load()) f->OnNodeExcluded(id, reason);
   };
   mo.journal_dir = o.journal_dir;
+  // Goodput carries on from the time the job spent before this master
+  // (queued, the last master's breakdown, preempted); unless it resumes
+  // from that master's state, which has it.
+  if (const Json* st = kube::Find(*obj, {"status"}); st != nullptr) mo.goodput_before = GoodputBeforeFrom(*st);
   mo.http_port = o.http_port;
   mo.metrics_public = o.metrics_public;
   auto server = master::MasterServer::Start(mo);
@@ -532,7 +586,14 @@ int RunKubernetesJob(const KubernetesJobOptions& o, const std::atomic<int>* sign
     if (fence.fenced()) {
       spdlog::warn("ElasticJob {}: this master stops acting for the job: {}; resuming it starts a new master",
                    job->Describe(), fence.why());
+      m.Suspended();  // goodput: preempted from here
       DrainSuspended(m, *job, signal);
+      // The one write of a fenced master: the job's time so far, which the
+      // next master carries on from (it decides nothing the operator acts on).
+      auto r = client.Patch(JobPath(*job) + "/status",
+                            Json{{"status", {{"time", StatusTime(m.Status().goodput(), absl::Now())}}}},
+                            absl::StrCat("record the time of ElasticJob ", job->Describe()));
+      if (!r.ok()) spdlog::warn("kubernetes: {}", std::string(r.status().message()));
     } else if (!may_act()) {
       spdlog::error("ElasticJob {}: this master stops acting for the job: {}", job->Describe(),
                     mirror_state.fenced() ? mirror_state.fenced_why()

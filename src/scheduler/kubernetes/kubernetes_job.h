@@ -48,6 +48,16 @@ struct KubernetesJobOptions {
 // could not start), 2 the ElasticJob is invalid, 128+N when *signal became N.
 int RunKubernetesJob(const KubernetesJobOptions& options, const std::atomic<int>* signal);
 
+// status.time: the job's wall time by part, as the master's goodput splits
+// it ({"at": RFC 3339, "wallSeconds", "parts": {"productive": s, ...},
+// "stepsSeen", "highWaterStep", "recomputedSteps"}). A master that starts
+// the job anew (after a preemption or suspension, or without the state of
+// the last master) carries on from it: GoodputBeforeFrom.
+kube::Json StatusTime(const v1::Goodput& goodput, absl::Time at);
+// What came before a fresh master, from the job's .status: time
+// (StatusTime), queuedSeconds, admittedAt.
+master::GoodputBefore GoodputBeforeFrom(const kube::Json& status);
+
 // Writes an ElasticJob's .status and posts core/v1 Events about it, on a
 // thread of its own so the caller never waits for the API server. Status goes
 // through server-side apply on the status subresource (field manager
