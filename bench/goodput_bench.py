@@ -13,6 +13,7 @@ to the job's end, a little shorter than launch -> exit).
 
 Systems, same script, same machine, one after the other:
   ballast (warm restart, overlapped flash save every step, persisted every 10)
+  the same with `--save-every auto` (Ballast picks which saves copy)
   torch's elastic agent (elastic_launch, monitor_interval 0.1) with
       torch.save every --torch-every steps
 Each is also run without failures (--no-clean skips that). Not a test: the
@@ -20,6 +21,8 @@ numbers go into notes and docs.
 
 usage: goodput_bench.py [--ballast build/bin/ballast] [--steps 500] [--step-time 0.36]
                         [--state-mb 64] [--kill-every 60] [--nproc 2] [--json FILE]
+issue 31's run (1 x 2, 64 MB, kills at steps 220 and 440 of 660):
+       goodput_bench.py --steps 660 --step-time 0.3 --kill-every 66 --no-clean
 """
 import argparse
 import json
@@ -93,13 +96,20 @@ def run(cmd, script_flags, a, kills, env=None):
             high = max(high, e["step"])
             prev, prev_stall = e["t"], e.get("stall", 0.0)
     # Ballast's own figure: the master's accountant, in the job summary line.
-    accountant = None
+    # Its split of the wall time too ("productive 37.5 s, startup 10.7 s,
+    # ...": the parts over 0.05 s), and what save_every auto chose.
+    accountant, split, auto = None, {}, []
     with open(os.path.join(out, "launcher.log")) as f:
         for line in f:
-            m = re.search(r"summary: goodput ([0-9.]+)% of ([0-9.]+) s", line)
+            m = re.search(r"summary: goodput ([0-9.]+)% of ([0-9.]+) s \(([^)]*)\)", line)
             if m:
                 accountant = float(m.group(1)) / 100
+                split = {k: float(v) for k, v in re.findall(r"([a-z]+) ([0-9.]+) s", m.group(3).split(";")[0])}
+            m = re.search(r"save_every auto: copying every (\d+) step", line)
+            if m:
+                auto.append(int(m.group(1)))
     return {"wall_s": wall, "goodput": a.steps * a.step_time / wall, "accountant_goodput": accountant,
+            "accountant_split_s": split, "save_every_auto": auto,
             "step_log_goodput": productive / wall,
             "kills": len(kill_times), "kill_times": kill_times,
             "starts": len(starts), "steps_run": steps_run, "redone_steps": steps_run - a.steps,
@@ -128,6 +138,9 @@ def main():
         "ballast (warm restart, overlapped flash save every step)":
             lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
                      "--max-restarts", str(kills + 2)],
+        "ballast --save-every auto (the interval from the measured costs and failure rate)":
+            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
+                     "--max-restarts", str(kills + 2), "--save-every", "auto"],
         f"torch elastic_launch (monitor 0.1 s) + torch.save every {a.torch_every} steps":
             lambda: [PY, os.path.join(HERE, "torch_elastic_baseline.py"), "--nproc-per-node", str(a.nproc),
                      "--monitor-interval", "0.1", "--max-restarts", str(kills + 2), "--port", str(free_port())],
@@ -148,10 +161,15 @@ def main():
             print(f"{name:70s} {label:8s} goodput {r['goodput']:.3f}{acc}  wall {r['wall_s']:6.1f} s  kills {r['kills']}  "
                   f"redone steps {r['redone_steps']:3d}  first step {r['first_step_s']:.1f} s  loads {r['loads']}",
                   flush=True)
+            if r["accountant_split_s"]:
+                print(f"    master's split: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["accountant_split_s"].items())
+                      + (f"; save_every auto chose {sorted(set(r['save_every_auto']))}" if r["save_every_auto"] else ""),
+                      flush=True)
         results[name] = rows
     names = list(results)
-    ratio = results[names[0]]["failures"]["goodput"] / results[names[1]]["failures"]["goodput"]
-    print(f"ballast / torch goodput with failures: {ratio:.2f}x", flush=True)
+    for name in names[:-1]:
+        ratio = results[name]["failures"]["goodput"] / results[names[-1]]["failures"]["goodput"]
+        print(f"{name.split(' (')[0]} / torch goodput with failures: {ratio:.2f}x", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

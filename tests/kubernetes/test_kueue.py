@@ -38,14 +38,25 @@ def queued(job, queue, priority=None, cpu="1"):
     return job
 
 
-def sampler_job(name, ns, out, ckpt, step_time=0.25):
+def torch2_python():
+    """The pinned torch 2.x with Ballast's wheel pip-installed (the venv `make test` builds for the
+    torch 2.x suites): what a user's image holds."""
+    python = os.environ.get("BALLAST_TORCH2_WHEEL_PYTHON", "")
+    if not os.access(python, os.X_OK):
+        raise AssertionError(f"BALLAST_TORCH2_WHEEL_PYTHON={python!r} is not an interpreter: run the tests with "
+                             "`make test` (it builds the torch 2.x wheel venv first)")
+    return python
+
+
+def sampler_job(name, ns, out, ckpt, step_time=0.25, python=PYTHON):
     """2 nodes x 1 worker of tests/python/scripts/sampler_train.py: ElasticSampler, flash checkpoints
     with replicas every step, nothing asked of disk (--persist-every 0): what reaches disk is the
-    agents' breakpoint save as their pods stop (the Checkpointer named its folder)."""
+    agents' breakpoint save as their pods stop (the Checkpointer named its folder). On Debian's
+    torch 1.13 Ballast comes from the build tree (PYTHONPATH); a venv's interpreter has its wheel."""
     container = {"name": "trainer", "image": "ballast-test:ignored",
-                 "command": [PYTHON, SAMPLER_TRAIN, "--out", out, "--epochs", str(EPOCHS), "--size", str(SIZE),
+                 "command": [python, SAMPLER_TRAIN, "--out", out, "--epochs", str(EPOCHS), "--size", str(SIZE),
                              "--batch", "4", "--step-time", str(step_time), "--persist-every", "0"],
-                 "env": [{"name": "PYTHONPATH", "value": os.environ.get("PYTHONPATH", "")},
+                 "env": [{"name": "PYTHONPATH", "value": os.environ.get("PYTHONPATH", "") if python == PYTHON else ""},
                          {"name": "OMP_NUM_THREADS", "value": "1"}]}
     return {"apiVersion": "ballast.dev/v1alpha1", "kind": "ElasticJob",
             "metadata": {"name": name, "namespace": ns},
@@ -191,11 +202,17 @@ class ElasticJobsUnderKueue(JobTestCase):
         self.assertNotIn("Queued", j.reasons())
 
     def test_preempted_job_persists_its_flash_checkpoint_and_resumes_from_the_step_it_reached(self):
+        self.preemption(PYTHON)
+
+    def test_torch2_preempted_job_persists_its_flash_checkpoint_and_resumes_from_the_step_it_reached(self):
+        self.preemption(torch2_python())
+
+    def preemption(self, python):
         low, high = self.harness("low"), self.harness("high")
         ckpt = os.path.join(self.out, "ckpt")
         out = os.path.join(self.out, "low")
         os.makedirs(out)
-        low.apply(queued(sampler_job("low", self.ns, out, ckpt), "q", priority="ballast-test-low"))
+        low.apply(queued(sampler_job("low", self.ns, out, ckpt, python=python), "q", priority="ballast-test-low"))
         low.wait_phase("Running", 120)
 
         def trained():
@@ -260,7 +277,8 @@ class ElasticJobsUnderKueue(JobTestCase):
         reasons = low.reasons()
         for r in ("Queued", "Admitted", "Preempted", "Requeued", "Resumed"):
             self.assertIn(r, reasons, self.debug(low))
-        print(f"\nkueue preemption: evicted -> pods gone {t_gone - t_evicted:.1f} s; re-admitted -> next step "
+        torch = "torch 1.13" if python == PYTHON else "torch 2.x"
+        print(f"\nkueue preemption ({torch}): evicted -> pods gone {t_gone - t_evicted:.1f} s; re-admitted -> next step "
               f"{first_step_after - t_readmitted:.1f} s; steps at eviction {step_at_eviction}, resumed from "
               f"{resumed['step']} ({step_at_eviction - resumed['step']} lost); redone rank-steps {redone}; "
               f"status.time: preempted {parts.get('preempted', 0):.1f} s, productive {parts.get('productive', 0):.1f} s "
