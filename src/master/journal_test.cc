@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -358,6 +359,36 @@ TEST_F(JournalRestartTest, RestartedMasterResumesTheRoundWithoutARestart) {
   ASSERT_TRUE(Fail("b", 2).ok());
   EXPECT_EQ(jm_->Status().restart_count(), 2);
   EXPECT_EQ(Last("a").start_round().round(), 3);
+}
+
+// The time a Kubernetes job waited for Kueue before its first master
+// (GoodputBefore) is in the journaled parts: a master restarted from the
+// journal keeps it, and the parts still add up to the wall.
+TEST_F(JournalRestartTest, TheTimeQueuedBeforeTheFirstMasterSurvivesItsRestart) {
+  JobMasterOptions o = Options();
+  o.goodput_before.queued_s = 30;
+  RunningJob(o);
+  Advance(12, {"a", "b"});
+  auto parts = [](const v1::Goodput& g) {
+    std::map<std::string, double> m;
+    double sum = 0;
+    for (const auto& p : g.parts()) {
+      m[p.part()] = p.seconds();
+      sum += p.seconds();
+    }
+    m["sum"] = sum;
+    return m;
+  };
+  v1::Goodput before = jm_->Status().goodput();
+  EXPECT_DOUBLE_EQ(parts(before)["queued"], 30);
+  EXPECT_NEAR(before.wall_s(), 42, 1e-6);
+  EXPECT_NEAR(parts(before)["sum"], before.wall_s(), 1e-6);
+
+  Start(Options());  // the crash and restart: nothing passed this time
+  v1::Goodput after = jm_->Status().goodput();
+  EXPECT_DOUBLE_EQ(parts(after)["queued"], 30);
+  EXPECT_GE(after.wall_s(), 42 - 2.0 - 1e-6);  // the journal marks goodput every 2 s
+  EXPECT_NEAR(parts(after)["sum"], after.wall_s(), 1e-6);
 }
 
 TEST_F(JournalRestartTest, HeldFailureIsDecidedOnceAfterTheRestart) {
