@@ -50,7 +50,7 @@ def run(cmd, script_flags, a, kills, env=None):
     script = [os.path.join(HERE, "goodput_train.py"), "--out", out, "--ckpt-dir", ckpt, "--steps", str(a.steps),
               "--step-time", str(a.step_time), "--state-mb", str(a.state_mb)] + script_flags
     kill_every_steps = max(1, int(a.kill_every / a.step_time))
-    pending = [kill_every_steps * (i + 1) for i in range(kills)]
+    pending = [kill_every_steps * (i + 1) + a.kill_offset for i in range(kills)]
     victim_rank = a.nproc - 1
     log = open(os.path.join(out, "launcher.log"), "w")
     t0 = time.time()
@@ -127,6 +127,11 @@ def main():
     p.add_argument("--torch-every", type=int, default=10)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--kill-offset", type=int, default=0,
+                   help="kill this many steps after each multiple of the kill interval (the script persists, "
+                        "and so copies, every 10th step: an offset of 5 puts the kills between them)")
+    p.add_argument("--systems", default="", help="run only the systems whose name contains one of these "
+                                                  "comma-separated words (default: all)")
     p.add_argument("--no-clean", action="store_true", help="skip the failure-free runs")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -148,6 +153,10 @@ def main():
     print(f"goodput bench: {a.steps} steps x {a.step_time} s = {compute:.0f} s of compute, {a.state_mb} MiB of "
           f"state per rank, 1 node x {a.nproc}, {kills} worker kill(s) (one per {a.kill_every:.0f} s of compute)",
           flush=True)
+    if a.systems:
+        systems = {n: c for n, c in systems.items() if any(w and w in n for w in a.systems.split(","))}
+        if not systems:
+            p.error(f"--systems {a.systems!r} matches no system")
     results = {}
     for name, cmd in systems.items():
         flags = ["--ckpt", "ballast"] if name.startswith("ballast") else ["--ckpt", "torch", "--torch-every",
@@ -167,9 +176,11 @@ def main():
                       flush=True)
         results[name] = rows
     names = list(results)
-    for name in names[:-1]:
-        ratio = results[name]["failures"]["goodput"] / results[names[-1]]["failures"]["goodput"]
-        print(f"{name.split(' (')[0]} / torch goodput with failures: {ratio:.2f}x", flush=True)
+    torch = [n for n in names if n.startswith("torch")]
+    for name in names:
+        if torch and name not in torch:
+            ratio = results[name]["failures"]["goodput"] / results[torch[0]]["failures"]["goodput"]
+            print(f"{name.split(' (')[0]} / torch goodput with failures: {ratio:.2f}x", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
