@@ -150,8 +150,7 @@ JobMaster::JobMaster(JobMasterOptions options)
   if (!resumes && !options_.goodput_before.empty()) {
     const GoodputBefore& b = options_.goodput_before;
     const double now = clock_->Now();
-    const double unix_now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-    auto at = [&](double unix_s) { return unix_s > 0 ? now - std::max(0.0, unix_now - unix_s) : 0.0; };
+    auto at = [&](double unix_s) { return unix_s > 0 ? FromUnix(now, unix_s) : 0.0; };
     goodput_.Held(b.breakdown, at(b.at_unix_s), b.queued_s, at(b.admitted_unix_s));
   }
   if (journal_ == nullptr) return;
@@ -164,7 +163,7 @@ JobMaster::JobMaster(JobMasterOptions options)
   v1::JournalJob* job = r.mutable_job();
   job->set_job_id(options_.job_id);
   *job->mutable_spec() = spec_;
-  job->set_start_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  job->set_start_unix_s(UnixNow());
   Record(std::move(r), /*sync=*/true);
 }
 

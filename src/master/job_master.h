@@ -39,6 +39,7 @@
 // the state change, on the thread that detected the loss.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -411,6 +412,11 @@ class JobMaster {
   void RestoreDecisions(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the job's clock starts: now, or (resuming) as long ago as the job began.
   static double StartTime(const JobMasterOptions& options);
+  // Seconds since the Unix epoch (the journal's and other processes' times).
+  static double UnixNow();
+  // A Unix time on this master's clock, whose time is `now`: this clock
+  // starts anew in each process; a time after now is now.
+  static double FromUnix(double now, double unix_s) { return now - std::max(0.0, UnixNow() - unix_s); }
   // A member's StartRound decision of the current round.
   v1::Decision MakeStartRound(const MemberAssignment& m, const World& world) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

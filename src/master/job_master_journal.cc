@@ -11,11 +11,6 @@
 #include "spdlog/spdlog.h"
 
 namespace ballast::master {
-namespace {
-
-double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
-
-}  // namespace
 
 absl::Status CheckJournalMatches(const JobMasterOptions& o, const v1::JournalJob& job) {
   const v1::JobSpec& spec = job.spec();
@@ -39,11 +34,13 @@ absl::Status CheckJournalMatches(const JobMasterOptions& o, const v1::JournalJob
       ": restart it with the job's own settings to resume it, or give a new --journal directory for a new job"));
 }
 
+double JobMaster::UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
 double JobMaster::StartTime(const JobMasterOptions& o) {
   const double now = o.clock->Now();
   if (o.journal == nullptr || !o.journal->recovered()) return now;
-  // The job's age by the wall clock (this clock starts anew in a new process).
-  return now - std::max(0.0, UnixNow() - o.journal->job().start_unix_s());
+  // The job's age by the wall clock.
+  return FromUnix(now, o.journal->job().start_unix_s());
 }
 
 void JobMaster::Record(v1::JournalRecord record, bool sync) const {
@@ -267,7 +264,7 @@ void JobMaster::RestoreGoodput(const v1::MasterSnapshot& st, double now) {
     b.steps_seen = g.steps_seen();
     b.high_water_step = g.high_water_step();
     b.recomputed_steps = g.recomputed_steps();
-    const double mark = now - std::max(0.0, UnixNow() - g.at_unix_s());
+    const double mark = FromUnix(now, g.at_unix_s());
     goodput_.Resume(start_time_, std::max(mark, start_time_), b, state_ == JobState::kRunning, g.training(),
                     g.round_stall_s());
   } else if (state_ == JobState::kRunning) {

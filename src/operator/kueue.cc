@@ -174,10 +174,8 @@ double QueuedSeconds(const Json& wl, absl::Time now) {
   if (requeued != nullptr && requeued->value("status", "") == "True" && requeued->contains("lastTransitionTime")) {
     since = requeued->value("lastTransitionTime", since);
   }
-  absl::Time t;
-  std::string err;
-  if (since.empty() || !absl::ParseTime(absl::RFC3339_full, since, &t, &err)) return 0;
-  return std::max(0.0, absl::ToDoubleSeconds(now - t));
+  const std::optional<absl::Time> t = k8s::ParseRfc3339(since);
+  return t.has_value() ? std::max(0.0, absl::ToDoubleSeconds(now - *t)) : 0;
 }
 
 Placement Placement::FromJson(const Json& j) {

@@ -514,7 +514,7 @@ void Operator::Reconcile(const std::string& key) {
                            {"message", admitted ? kube::Str(job, {"status", "message"}) : "starting the master"},
                            {"masterRestarts", 0},
                            {"masterGeneration", next_generation},
-                           {"admittedAt", k8s::Rfc3339PreciseNow()}})
+                           {"admittedAt", k8s::Rfc3339Precise(absl::Now())}})
              .ok()) {
       return;
     }
@@ -566,7 +566,7 @@ void Operator::Reconcile(const std::string& key) {
                              {"message", admitted ? kube::Str(job, {"status", "message"})
                                                   : "resuming: starting a new master"},
                              {"masterGeneration", next_generation},
-                             {"admittedAt", k8s::Rfc3339PreciseNow()}})
+                             {"admittedAt", k8s::Rfc3339Precise(absl::Now())}})
                .ok()) {
         return;
       }

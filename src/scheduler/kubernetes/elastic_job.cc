@@ -433,8 +433,13 @@ std::string Rfc3339Now() {
   return buf;
 }
 
-std::string Rfc3339PreciseNow() {
-  return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
+std::string Rfc3339Precise(absl::Time t) { return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", t, absl::UTCTimeZone()); }
+
+std::optional<absl::Time> ParseRfc3339(const std::string& text) {
+  absl::Time t;
+  std::string err;
+  if (text.empty() || !absl::ParseTime(absl::RFC3339_full, text, &t, &err)) return std::nullopt;
+  return t;
 }
 
 Json BuildJobEvent(const Json& meta, const std::string& reason, const std::string& message, bool warning,

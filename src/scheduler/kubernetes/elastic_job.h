@@ -13,10 +13,12 @@
 // deletes them (the garbage collector).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "health/health_policy.h"
 #include "kube/kube_client.h"
 
@@ -144,8 +146,12 @@ Json BuildWorkerRoleBinding(const ElasticJobSpec& job);
 
 // RFC 3339 UTC time ("2026-12-01T10:00:00Z") for status and events.
 std::string Rfc3339Now();
-// With microseconds (status fields that time is measured from).
-std::string Rfc3339PreciseNow();
+// With microseconds (status fields that time is measured from), e.g.
+// "2027-01-15T08:00:00.250000Z".
+std::string Rfc3339Precise(absl::Time t);
+// An RFC 3339 time as the API server writes it (fractional seconds
+// optional); nullopt when empty or malformed.
+std::optional<absl::Time> ParseRfc3339(const std::string& text);
 
 // A core/v1 Event about the ElasticJob `job` (its metadata: namespace, name,
 // uid): what `kubectl describe elasticjob` lists. The message is cut to 1000

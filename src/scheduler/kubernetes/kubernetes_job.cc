@@ -250,7 +250,7 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
     started_ = true;
     s["startTime"] = Rfc3339Now();
   }
-  if (compare == last_ && !s.contains("startTime")) return;
+  // status.time moves at every call (its "at"): what else changed decides.
   Json without_goodput = compare;
   without_goodput.erase("goodput");
   without_goodput.erase("time");
@@ -262,7 +262,7 @@ void JobStatusWriter::Update(const v1::JobStatus& st, int replacements) {
   const auto now = std::chrono::steady_clock::now();
   if (without_goodput == last_without_goodput && !s.contains("startTime") &&
       now - goodput_written_ < std::chrono::seconds(5)) {
-    return;  // only goodput moved: every 5 s is enough for `kubectl get`
+    return;  // only goodput and the time split moved: every 5 s is enough for `kubectl get`
   }
   goodput_written_ = now;
   last_ = compare;
@@ -308,7 +308,7 @@ Json StatusTime(const v1::Goodput& g, absl::Time at) {
   auto cents = [](double s) { return std::round(s * 100) / 100; };
   Json parts = Json::object();
   for (const v1::GoodputPart& p : g.parts()) parts[p.part()] = cents(p.seconds());
-  return Json{{"at", absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", at, absl::UTCTimeZone())},  // as Rfc3339PreciseNow
+  return Json{{"at", Rfc3339Precise(at)},
               {"wallSeconds", cents(g.wall_s())},
               {"parts", std::move(parts)},
               {"stepsSeen", g.known()},
@@ -318,10 +318,8 @@ Json StatusTime(const v1::Goodput& g, absl::Time at) {
 
 master::GoodputBefore GoodputBeforeFrom(const Json& status) {
   auto unix_s = [](const std::string& text) {
-    absl::Time t;
-    std::string err;
-    if (text.empty() || !absl::ParseTime(absl::RFC3339_full, text, &t, &err)) return 0.0;
-    return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+    const std::optional<absl::Time> t = ParseRfc3339(text);
+    return t.has_value() ? absl::ToDoubleSeconds(*t - absl::UnixEpoch()) : 0.0;
   };
   auto number = [](const Json* j) { return j != nullptr && j->is_number() ? j->get<double>() : 0.0; };
   master::GoodputBefore b;
