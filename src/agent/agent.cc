@@ -167,6 +167,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
       if (m != "torch") wo.modules.push_back(m);
     }
     wo.hints = DistributedHints();
+    wo.fork = options_.run.warm_fork;
     warm_ = std::make_unique<WarmPool>(std::move(wo));
     spec.warm = warm_.get();
     spec.script_argv = {options_.run.training_script};

@@ -265,6 +265,8 @@ const std::map<std::string, FlagDef>& FlagTable() {
        {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->metrics_public = true; return absl::OkStatus(); }}},
       {"--no-warm-restart",
        {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->warm_restart = false; return absl::OkStatus(); }}},
+      {"--no-warm-fork",
+       {Arity::kNone, [](auto&, auto&, RunOptions* o) { o->warm_fork = false; return absl::OkStatus(); }}},
       {"--warm-modules",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
@@ -493,6 +495,8 @@ Workers:
   --no-warm-restart         start every worker in a new interpreter; by default a
                             warm one per local rank (torch already imported) waits
                             for the next (re)start
+  --no-warm-fork            hand the warm interpreter itself to a worker; by
+                            default it forks a copy for each (re)start and stays
   --warm-modules M,...      modules warm interpreters import besides torch
   --ckpt-replicas K         copy each rank's newest flash checkpoint step to the
                             next K nodes' memory, so a replacement node restores

@@ -52,6 +52,7 @@ struct RunOptions {
   TlsFiles tls;                        // --tls-cert/--tls-key/--tls-ca, else BALLAST_TLS_* (common/tls.h)
   std::string python = "python3";      // --python INTERPRETER
   bool warm_restart = true;            // --no-warm-restart turns it off (see warm_pool.h)
+  bool warm_fork = true;               // --no-warm-fork: hand out the interpreters, not forks of them
   // The embedded master's HTTP interface (--standalone, or node rank 0 with
   // --master-addr): unset = beside its gRPC port (port + 1; any free port
   // when that is 0), -1 = off.

@@ -1,6 +1,7 @@
 #include "agent/warm_pool.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -46,19 +47,37 @@ double MonotonicSeconds() {
 // importing. Lines to the agent: "ready <t>",
 // "preloaded <imported> <t> <failed>", "failed <module>: <error>", "started <t>",
 // "pg <t_call> <t_return>", "modules [...]" (t: time.monotonic()).
+//
+// Forks (WarmOptions::fork): {"fork": true} with three descriptors passed
+// along (SCM_RIGHTS: the new worker's stdout and stderr pipes and its
+// control socket) makes the interpreter fork a copy of itself with
+// everything it imported, between two imports of its preload. The copy
+// forks once more and its middle process exits, so it becomes the agent's
+// child (the agent is a child subreaper); it then ties its life to the
+// agent's (PR_SET_PDEATHSIG), leads its own process group, takes the three
+// descriptors as stdout, stderr and control socket, says "forked <pid> <t>"
+// there and waits for its job like the interpreter it came from. What a
+// cold start would not share with its siblings is new in the copy: Python's
+// random (os.fork reseeds it) and NumPy's global generator (reseeded here).
+// The interpreter itself stays, and keeps its preload.
 constexpr char kBootstrap[] = R"PY(import os, sys
 def _ballast_warm():
-    import fcntl, json, socket, sysconfig, threading, time
+    import array, fcntl, json, socket, sysconfig, threading, time
     # Out of the way: a cold start's first open() gets fd 3, so must the script's.
-    low = int(os.environ.pop("BALLAST_WARM_FD", "3"))
-    fd = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 512)
-    os.close(low)
-    sock = socket.socket(fileno=fd)
+    def high(low):
+        fd = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 512)
+        os.close(low)
+        return socket.socket(fileno=fd)
+    sock = [high(int(os.environ.pop("BALLAST_WARM_FD", "3")))]
+    # Before any job, not in the thread that answers "modules": get_paths()
+    # imports _sysconfigdata, and the .pyc that thread would have open as
+    # the script starts is a descriptor a cold start does not have.
+    std = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
     lock = threading.Lock()
     def say(msg):
         try:
             with lock:
-                sock.sendall((msg + "\n").encode())
+                sock[0].sendall((msg + "\n").encode())
         except OSError:
             pass
     for name in [m for m in os.environ.pop("BALLAST_WARM_MODULES", "").split(",") if m]:
@@ -70,16 +89,21 @@ def _ballast_warm():
             say(("failed %s: %s: %s" % (name, type(e).__name__, e)).replace("\n", " "))
     say("ready %.6f" % time.monotonic())
     buf = [b""]
+    passed = []  # descriptors that came with fork requests, in order
     def read_message(block=True):
         # The next JSON line; None at EOF; False (block=False) while no
         # whole line has come.
         while b"\n" not in buf[0]:
             try:
-                chunk = sock.recv(1 << 20, 0 if block else socket.MSG_DONTWAIT)
+                chunk, anc, _, _ = sock[0].recvmsg(1 << 20, socket.CMSG_SPACE(64),
+                                                   0 if block else socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return False
             except OSError:
-                chunk = b""
+                chunk, anc = b"", []
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    passed.extend(array.array("i", data[:len(data) - len(data) % 4]))
             if not chunk:
                 return None
             buf[0] += chunk
@@ -92,6 +116,65 @@ def _ballast_warm():
     # a job that comes while they are half done runs at once with what is
     # loaded (an import under way finishes first), and the script imports
     # the rest as it needs it.
+    def fork(fds):
+        # True in the copy (the new worker's interpreter), False here.
+        import warnings
+        agent = os.getppid()
+        others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        if others:
+            # Something it imported started threads, which a fork would lack.
+            try:
+                os.write(fds[2], ("nofork the interpreter runs Python threads its imports started (%s), which a "
+                                  "fork would lack\n" % ", ".join(others)).encode())
+            except OSError:
+                pass
+            for fd in fds:
+                os.close(fd)
+            return False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 3.12+: "multi-threaded, use of fork()"
+            pid = os.fork()
+        if pid:
+            for fd in fds:
+                os.close(fd)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            return False
+        try:
+            if os.fork():
+                os._exit(0)  # its child goes to the agent, the subreaper
+            os.setpgid(0, 0)
+            deadline = time.monotonic() + 10
+            while os.getppid() != agent:
+                if time.monotonic() > deadline:
+                    os._exit(1)
+                time.sleep(0.0005)
+            import ctypes, signal
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+            if os.getppid() != agent:
+                os._exit(1)
+            try:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass  # the agent moves it back (WarmOptions::low_priority)
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            os.close(fds[0])
+            os.close(fds[1])
+            sock[0].close()
+            sock[0] = high(fds[2])
+            for fd in passed:
+                os.close(fd)
+            del passed[:]
+            buf[0] = b""
+            if "numpy.random" in sys.modules:
+                sys.modules["numpy.random"].seed()
+            say("forked %d %.6f" % (os.getpid(), time.monotonic()))
+            return True
+        except BaseException:
+            os._exit(1)
     queue = []  # [names, next index, imported, failed]
     job = None
     while job is None:
@@ -101,6 +184,13 @@ def _ballast_warm():
         if msg is not False:
             if "preload" in msg:
                 queue.append([msg["preload"], 0, 0, 0])
+            elif "fork" in msg:
+                fds, passed[:3] = passed[:3], []
+                if len(fds) == 3 and fork(fds):
+                    queue = []  # the copy: its job comes next
+                elif len(fds) != 3:
+                    for fd in fds:
+                        os.close(fd)
             else:
                 job = msg
             continue
@@ -122,7 +212,6 @@ def _ballast_warm():
         # user's own code may do anything at import. And Ballast's own
         # package wherever it lives (a build's python/ on PYTHONPATH): its
         # import reads nothing of the job (its C++ extension: 0.1-0.2 s).
-        std = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
         out = []
         for name, mod in list(sys.modules.items()):
             f = getattr(mod, "__file__", None)
@@ -187,7 +276,7 @@ def _ballast_warm():
     sys.argv = list(job["argv"])
     say("started %.6f" % time.monotonic())
     threading.Thread(target=serve, name="ballast-warm", daemon=True).start()
-    return job["module"], sock
+    return job["module"], sock[0]
 _ballast_module, _ballast_sock = _ballast_warm()
 def _ballast_settle():
     # Registered first, so it runs after the script's own atexit handlers:
@@ -268,6 +357,7 @@ const std::vector<std::string>& DistributedHints() {
 
 std::string WarmPool::TakenState::Describe() const {
   std::string out = imported ? absl::StrCat(modules, " imported") : absl::StrCat("still importing ", modules);
+  if (forked) out = absl::StrCat("forked, ", out);
   if (hints > 0) absl::StrAppend(&out, hints_done ? ", DDP/FSDP modules preloaded" : ", DDP/FSDP modules not yet");
   absl::StrAppend(&out, ", ", learned_done, " of ", learned_sent, " learned modules preloaded, spawned ",
                   absl::StrFormat("%.1f", age_s), " s before");
@@ -280,12 +370,133 @@ std::vector<WarmPool::TakenState> WarmPool::TakeTakenStates() {
   return out;
 }
 
-WarmPool::WarmPool(WarmOptions options) : options_(std::move(options)) {}
+WarmPool::WarmPool(WarmOptions options) : options_(std::move(options)) {
+  if (options_.fork) {
+    absl::Status st = BecomeChildSubreaper();
+    fork_ = st.ok();
+    if (!st.ok()) spdlog::info("warm interpreters are handed out, not forked: {}", std::string(st.message()));
+  }
+}
 
 WarmPool::~WarmPool() {
   for (auto& [lr, slot] : slots_) {
+    CloseFork(&slot);
     if (slot.warm.has_value()) slot.warm->process.Terminate(0);
   }
+}
+
+void WarmPool::CloseFork(Slot* slot) {
+  if (!slot->fork.has_value()) return;
+  for (int fd : {slot->fork->out, slot->fork->err, slot->fork->control})
+    if (fd >= 0) close(fd);
+  slot->fork.reset();
+}
+
+void WarmPool::RequestForks(int n, const std::map<std::string, std::string>& env) {
+  if (!fork_ || disabled()) return;
+  Poll();
+  for (int lr = 0; lr < n; ++lr) {
+    auto it = slots_.find(lr);
+    if (it == slots_.end() || it->second.env != env) continue;
+    RequestFork(lr, &it->second);
+  }
+}
+
+void WarmPool::RequestFork(int lr, Slot* slot) {
+  if (!fork_ || slot->fork.has_value() || !slot->warm.has_value() || slot->warm->ready_at_s <= 0 ||
+      !slot->warm->process.running())
+    return;
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, control[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {out[0], out[1], err[0], err[1], control[0], control[1]})
+      if (fd >= 0) close(fd);
+  };
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control) != 0) {
+    spdlog::warn("warm interpreter of local rank {}: cannot make the pipes of a fork: {}", lr, std::strerror(errno));
+    close_all();
+    return;
+  }
+  // The fork runs on the interpreter's thread: at the normal policy, so a
+  // busy machine does not hold the restart behind the training that runs.
+  if (options_.low_priority) SetPolicy(slot->warm->process.pid(), SCHED_OTHER);
+  static const char kLine[] = "{\"fork\": true}\n";
+  int passed[3] = {out[1], err[1], control[1]};
+  iovec iov{const_cast<char*>(kLine), sizeof(kLine) - 1};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(passed))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cbuf;
+  msg.msg_controllen = sizeof(cbuf);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(passed));
+  std::memcpy(CMSG_DATA(c), passed, sizeof(passed));
+  const int fd = slot->warm->process.control_fd();
+  ssize_t n;
+  do {
+    n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  for (int* end : {&out[1], &err[1], &control[1]}) {
+    close(*end);
+    *end = -1;
+  }
+  if (n != static_cast<ssize_t>(sizeof(kLine) - 1)) {
+    // Nothing or a part went (a full socket: a preload list it has not read
+    // yet): the line may be cut, so this interpreter is not asked again.
+    spdlog::warn("warm interpreter of local rank {}: cannot ask it for a fork ({}); handing it out instead", lr,
+                 n < 0 ? std::strerror(errno) : "the control socket is full");
+    close_all();
+    return;
+  }
+  slot->fork = Slot::Fork{out[0], err[0], control[0]};
+}
+
+std::optional<Subprocess> WarmPool::CollectFork(int lr, Slot* slot, std::string* why_not) {
+  // Between two imports of its preload the interpreter reads the request;
+  // one import under way finishes first (torch._dynamo's: seconds on a
+  // busy machine).
+  constexpr double kForkTimeoutS = 10;
+  const double deadline = MonotonicSeconds() + kForkTimeoutS;
+  std::string buffer;
+  pid_t pid = -1;
+  const int control = slot->fork->control;
+  while (pid < 0) {
+    const double left = deadline - MonotonicSeconds();
+    if (left <= 0) {
+      *why_not = absl::StrFormat("it did not fork within %.0f s", kForkTimeoutS);
+      break;
+    }
+    pollfd p{control, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left * 1000) + 1) < 0 && errno != EINTR) {
+      *why_not = absl::StrCat("poll: ", std::strerror(errno));
+      break;
+    }
+    bool closed = false;
+    for (const std::string& line : ReadControlLines(control, &buffer, &closed)) {
+      int got = 0;
+      if (absl::StartsWith(line, "forked ") &&
+          absl::SimpleAtoi(std::string(absl::StripAsciiWhitespace(line.substr(7, line.find(' ', 7) - 7))), &got))
+        pid = got;
+      if (absl::StartsWith(line, "nofork ")) *why_not = line.substr(7);
+    }
+    if (pid < 0 && closed) {
+      if (why_not->empty()) *why_not = "its fork ended before it started";
+      break;
+    }
+  }
+  if (options_.low_priority && slot->warm.has_value()) SetPolicy(slot->warm->process.pid(), SCHED_IDLE);
+  if (pid < 0) {
+    CloseFork(slot);
+    return std::nullopt;
+  }
+  Subprocess copy = Subprocess::Adopt(pid, /*own_group=*/true, slot->fork->out, slot->fork->err, control);
+  slot->fork.reset();  // the copy owns the descriptors now
+  fcntl(control, F_SETFL, fcntl(control, F_GETFL) | O_NONBLOCK);
+  (void)lr;
+  return copy;
 }
 
 absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>& env) {
@@ -293,6 +504,7 @@ absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>&
   Slot& slot = slots_[lr];
   if (slot.warm.has_value()) {
     if (slot.env == env && slot.warm->process.running()) return absl::OkStatus();
+    CloseFork(&slot);
     slot.warm->process.Terminate(0);  // stale: started for another environment
     slot.warm.reset();
   }
@@ -376,6 +588,12 @@ void WarmPool::Preload(const std::vector<std::string>& modules) {
 }
 
 void WarmPool::Poll() {
+  if (fork_ && MonotonicSeconds() - strays_reaped_at_ > 0.5) {
+    // As a subreaper this process also inherits what its workers leave
+    // behind (a process of theirs that outlived them): reap those.
+    strays_reaped_at_ = MonotonicSeconds();
+    ReapStrayChildren();
+  }
   for (auto& [lr, slot] : slots_) {
     if (!slot.warm.has_value()) continue;
     WarmProcess& w = *slot.warm;
@@ -402,12 +620,14 @@ void WarmPool::Poll() {
         disabled_reason_ = absl::StrCat("the warm interpreter of local rank ", lr, " ended before its job (",
                                         st.has_value() ? st->Describe() : "closed its control socket", ")");
       }
+      CloseFork(&slot);
       w.process.Terminate(0);
       slot.warm.reset();
     }
   }
   if (disabled()) {
     for (auto& [lr, slot] : slots_) {
+      CloseFork(&slot);
       if (slot.warm.has_value()) slot.warm->process.Terminate(0);
       slot.warm.reset();
     }
@@ -442,9 +662,39 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
   std::string diff = FirstDifference(slot.env, env);
   if (!diff.empty()) {
     *why_not = absl::StrCat("the environment the interpreter started with differs (", diff, ")");
+    CloseFork(&slot);
     slot.warm->process.Terminate(0);
     slot.warm.reset();
     return std::nullopt;
+  }
+  RequestFork(lr, &slot);
+  if (slot.fork.has_value()) {
+    std::string why;
+    std::optional<Subprocess> copy = CollectFork(lr, &slot, &why);
+    if (copy.has_value()) {
+      TakenState state;
+      state.local_rank = lr;
+      state.pid = copy->pid();
+      state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
+      state.modules = absl::StrJoin(options_.modules, ", ");
+      state.imported = true;
+      state.forked = true;
+      state.hints_done = slot.hints_done;
+      state.hints = options_.hints.size();
+      state.learned_done = slot.learned_done;
+      state.learned_sent = slot.preload_sent;
+      if (options_.low_priority && !SetPolicy(copy->pid(), SCHED_OTHER)) {
+        *why_not = "its scheduling policy could not be restored";
+        copy->Terminate(0);
+        return std::nullopt;
+      }
+      taken_.push_back(state);
+      return WarmProcess{*std::move(copy), slot.warm->ready_at_s, MonotonicSeconds()};
+    }
+    // Handed out itself below; the next start gets a new one (Prepare).
+    spdlog::warn("the warm interpreter of local rank {} (pid {}) could not fork for the worker: {}; handing it "
+                 "out itself",
+                 lr, slot.warm->process.pid(), why);
   }
   TakenState state;
   state.local_rank = lr;

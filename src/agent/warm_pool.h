@@ -37,6 +37,14 @@
 // interpreter got, never waiting for a whole list. Take records what the
 // interpreter it hands out had (TakenState; the agent logs it).
 //
+// Forks (WarmOptions::fork, the default): a ready interpreter is not handed
+// out but forks a copy of itself for the worker (warm_pool.cc's bootstrap
+// says how the copy becomes the agent's child) and stays, preloading on: every
+// start, the second of two restarts 2 s apart as much as the first, gets an
+// interpreter with all it had imported, in ~30 ms. An interpreter not yet
+// ready (still importing torch) is handed out itself, as without forks, and
+// so is one whose fork fails (the log says why).
+//
 // Threading: one thread (the agent's main loop), the same that forks the
 // workers (PR_SET_PDEATHSIG).
 #pragma once
@@ -72,6 +80,9 @@ struct WarmOptions {
   // its workers (DistributedHints()); after the learned list when one is
   // known as the interpreter starts.
   std::vector<std::string> hints = {};
+  // Start workers as forks of the waiting interpreters, which stay (above).
+  // Needs this process to be a child subreaper (the pool makes it one).
+  bool fork = true;
 };
 
 // What DDP and FSDP import, beyond `import torch`, before or in their first
@@ -121,6 +132,7 @@ class WarmPool {
     double age_s = 0;          // since it was spawned
     std::string modules;       // WarmOptions::modules, ", "-joined ("torch")
     bool imported = false;     // ... imported
+    bool forked = false;       // a fork of the waiting interpreter (which stays)
     bool hints_done = false;   // WarmOptions::hints tried (true when there are none)
     size_t hints = 0;
     size_t learned_done = 0;   // preloaded modules it tried (counted in messages of kPreloadChunk) ...
@@ -134,8 +146,13 @@ class WarmPool {
   // Learned modules go out in messages of at most this many names, each
   // answered when its names were tried: what TakenState counts.
   static constexpr size_t kPreloadChunk = 100;
-  // The waiting interpreter of `lr` when it started with `env` (the new
-  // worker's interpreter environment), else nullopt with *why_not set.
+  // Asks the waiting interpreters of local ranks [0, n) that started with
+  // `env` and are ready to fork now, so the forks of a round are made
+  // side by side; Take collects them. Optional (Take asks when not asked).
+  void RequestForks(int n, const std::map<std::string, std::string>& env);
+  // The waiting interpreter of `lr` (or a fork of it) when it started with
+  // `env` (the new worker's interpreter environment), else nullopt with
+  // *why_not set.
   std::optional<WarmProcess> Take(int lr, const std::map<std::string, std::string>& env, std::string* why_not);
   // Hands `process` its job: the full environment, cwd and argv (the script
   // and its arguments, or the module and its arguments). Non-blocking.
@@ -164,7 +181,19 @@ class WarmPool {
     std::deque<Sent> unanswered;  // preload messages not yet answered, in order
     bool hints_done = false;
     size_t learned_done = 0;
+    // A fork asked for (RequestForks) and not yet taken: the agent's ends
+    // of the copy's stdout and stderr pipes and control socket.
+    struct Fork {
+      int out = -1, err = -1, control = -1;
+    };
+    std::optional<Fork> fork;
   };
+  // Asks the slot's interpreter for a fork (when it is ready and forks are on).
+  void RequestFork(int lr, Slot* slot);
+  // Waits for the requested fork to say "forked <pid>": the copy, or
+  // nullopt with *why_not set (the request is dropped).
+  std::optional<Subprocess> CollectFork(int lr, Slot* slot, std::string* why_not);
+  static void CloseFork(Slot* slot);
   // Sends the learned modules the slot's interpreter has not been sent.
   void SendPreload(Slot* slot);
   // Sends one preload message.
@@ -176,6 +205,8 @@ class WarmPool {
   std::set<std::string> learned_set_;
   std::string disabled_reason_;
   std::vector<TakenState> taken_;
+  bool fork_ = false;  // options_.fork, and this process is a child subreaper
+  double strays_reaped_at_ = 0;
 };
 
 }  // namespace ballast::agent

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "agent/worker_group.h"
 #include "common/net.h"
 #include "gmock/gmock.h"
@@ -224,16 +225,112 @@ TEST_F(WarmPoolTest, WorkerGroupStartsWarmAndForwardsOutput) {
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kAllSucceeded);
   group.Stop(0);
+  // The worker was a fork: the interpreter stays, and the next start is warm too.
+  round.round = 2;
+  round.rank_offset = 4;
+  ASSERT_TRUE(group.Start(round).ok());
+  EXPECT_EQ(group.start_summary(), "warm (1 of 1)");
+  events.clear();
+  for (int i = 0; i < 500 && events.empty(); ++i) {
+    events = group.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kAllSucceeded);
+  group.Stop(0);
   close(console);
   std::ifstream in(console_path);
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_THAT(ss.str(), HasSubstr("hello from rank 3"));
-  // The next start has no warm interpreter left: cold, and it says so.
+  EXPECT_THAT(ss.str(), HasSubstr("hello from rank 4"));
+}
+
+// Without forks the interpreter is handed out itself: the next start finds
+// none waiting, starts cold, and says so.
+TEST_F(WarmPoolTest, WithoutForksTheNextStartIsColdAndSaysWhy) {
+  WarmOptions wo{kPython, {"json"}};
+  wo.fork = false;
+  WarmPool pool(wo);
+  std::ofstream(dir_ / "ok.py") << "pass\n";
+  WorkerSpec spec;
+  spec.argv = {kPython, "-u", (dir_ / "ok.py").string()};
+  spec.base_env = CurrentEnvironment();
+  spec.warm = &pool;
+  spec.script_argv = {(dir_ / "ok.py").string()};
+  WorkerGroup group(spec);
+  ASSERT_TRUE(pool.Prepare(0, group.InterpreterEnvironment()).ok());
+  RoundSpec round;
+  round.round = 1;
+  ASSERT_TRUE(group.Start(round).ok());
+  EXPECT_EQ(group.start_summary(), "warm (1 of 1)");
+  group.Stop(0);
   round.round = 2;
   ASSERT_TRUE(group.Start(round).ok());
   EXPECT_THAT(group.start_summary(), HasSubstr("cold (local rank 0: no warm interpreter was ready)"));
   group.Stop(0);
+}
+
+// A fork is this process's child (waitpid reaps it, its exit code comes
+// through), leads its own process group, writes to its own pipes, has what
+// the interpreter imported and a random generator of its own; the
+// interpreter stays ready, and forks again.
+TEST_F(WarmPoolTest, AForkIsTheAgentsChildWithItsOwnPipesAndTheInterpreterStays) {
+  WarmPool pool(WarmOptions{kPython, {"json"}, false, {"fractions"}});
+  std::ofstream(dir_ / "fork.py") << R"(import json, os, random, sys
+print("out of", os.getpid())
+print("err of", os.getpid(), file=sys.stderr)
+json.dump({"ppid": os.getppid(), "pgid": os.getpgid(0), "pid": os.getpid(), "fractions": "fractions" in sys.modules,
+           "random": random.random(),
+           "fds": {fd: os.readlink("/proc/self/fd/" + fd) for fd in os.listdir("/proc/self/fd")
+                   if os.path.exists("/proc/self/fd/" + fd) and 2 < int(fd) < 512}},
+          open(sys.argv[1], "w"))
+sys.exit(int(sys.argv[2]))
+)";
+  // What any child of this process inherits (descriptors without
+  // close-on-exec), but fd 3: a warm interpreter's control socket took it
+  // (and moved it out of the way), for a fork as before forks.
+  nlohmann::json inherited = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    if (fd > 2 && fd != kControlFd && fd < 512 && (fcntl(fd, F_GETFD) & FD_CLOEXEC) == 0)
+      inherited[e.path().filename().string()] = fs::read_symlink(e.path()).string();
+  }
+  std::vector<nlohmann::json> seen;
+  int template_pid = -1;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(pool.Prepare(0, Env("k")).ok());  // a no-op the second time: it stayed
+    std::string why;
+    std::optional<WarmProcess> w = TakeWhenReady(pool, 0, Env("k"), &why);
+    ASSERT_TRUE(w.has_value()) << why;
+    std::vector<WarmPool::TakenState> taken = pool.TakeTakenStates();
+    ASSERT_EQ(taken.size(), 1u);
+    EXPECT_TRUE(taken[0].forked);
+    EXPECT_THAT(taken[0].Describe(), HasSubstr("forked, json imported, DDP/FSDP modules preloaded"));
+    EXPECT_TRUE(pool.ready(0));  // the interpreter stays
+    const std::string out = (dir_ / ("fork" + std::to_string(i) + ".json")).string();
+    ASSERT_TRUE(WarmPool::Hand(&*w, Env("k"), dir_.string(), {(dir_ / "fork.py").string(), out, "5"}, false).ok());
+    auto status = w->process.Wait(20);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->exit_code, 5);
+    nlohmann::json j = ReadJson(out);
+    ASSERT_FALSE(j.is_null());
+    EXPECT_EQ(j["ppid"], getpid());
+    EXPECT_EQ(j["pid"], w->process.pid());
+    EXPECT_EQ(j["pgid"], w->process.pid());
+    EXPECT_TRUE(j["fractions"].get<bool>());  // imported by the interpreter before the fork
+    EXPECT_EQ(j["fds"], inherited) << "a fork has what a cold start has: what this process passes on";
+    char buf[256] = {};
+    ssize_t n = read(w->process.stdout_fd(), buf, sizeof(buf) - 1);
+    EXPECT_EQ(std::string(buf, n > 0 ? n : 0), absl::StrCat("out of ", w->process.pid(), "\n"));
+    n = read(w->process.stderr_fd(), buf, sizeof(buf) - 1);
+    EXPECT_EQ(std::string(buf, n > 0 ? n : 0), absl::StrCat("err of ", w->process.pid(), "\n"));
+    seen.push_back(j);
+    EXPECT_NE(j["pid"].get<int>(), template_pid);
+    template_pid = taken[0].pid;
+  }
+  EXPECT_NE(seen[0]["pid"], seen[1]["pid"]);
+  EXPECT_NE(seen[0]["random"], seen[1]["random"]);  // reseeded in each fork
 }
 
 // The agent sets BALLAST_CKPT_REPLICAS when a round starts (the replicas the
@@ -357,6 +454,30 @@ TEST(ReadControlLines, WholeLinesOnlyAndEof) {
   EXPECT_EQ(ReadControlLines(sv[0], &buf, &closed), std::vector<std::string>{"pg 2 3"});
   EXPECT_TRUE(closed);
   close(sv[0]);
+}
+
+// An interpreter whose imports started Python threads is not forked (the
+// copy would lack them): it is handed out itself, as without forks.
+TEST_F(WarmPoolTest, AnInterpreterRunningThreadsIsHandedOutNotForked) {
+  std::ofstream(dir_ / "threader.py") << "import threading, time\n"
+                                         "threading.Thread(target=time.sleep, args=(600,), name='poller', "
+                                         "daemon=True).start()\n";
+  WarmPool pool(WarmOptions{kPython, {"json"}, false, {"threader"}});
+  std::map<std::string, std::string> env = Env("t");
+  env["PYTHONPATH"] = dir_.string();
+  ASSERT_TRUE(pool.Prepare(0, env).ok());
+  std::string why;
+  std::optional<WarmProcess> w = TakeWhenReady(pool, 0, env, &why);
+  ASSERT_TRUE(w.has_value()) << why;
+  std::vector<WarmPool::TakenState> taken = pool.TakeTakenStates();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_FALSE(taken[0].forked);
+  EXPECT_FALSE(pool.ready(0));  // handed out: none waits now
+  const std::string out = (dir_ / "t.json").string();
+  ASSERT_TRUE(WarmPool::Hand(&*w, env, dir_.string(), {"probe.py", out, "0"}, false).ok());
+  auto status = w->process.Wait(20);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->exit_code, 0);
 }
 
 }  // namespace

@@ -190,6 +190,8 @@ absl::Status WorkerGroup::Start(const RoundSpec& round) {
   std::string cwd = std::filesystem::current_path().string();
   std::vector<std::string> cold_why;
   int warm_count = 0;
+  // The warm interpreters fork side by side; each worker below collects its copy.
+  if (spec_.warm != nullptr) spec_.warm->RequestForks(round.local_world_size, agent::InterpreterEnvironment(spec_));
   for (int lr = 0; lr < round.local_world_size; ++lr) {
     int redirect = StdBits(spec_.redirects, lr);
     int tee = StdBits(spec_.tee, lr);

@@ -74,6 +74,9 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
   app.add_flag("--no-warm-restart,--no_warm_restart", f->no_warm_restart,
                "Start every worker in a new interpreter (default: a warm one per local rank waits, torch and what "
                "the last workers imported already loaded)");
+  app.add_flag("--no-warm-fork,--no_warm_fork", f->no_warm_fork,
+               "Hand the warm interpreter itself to a worker (default: it forks a copy with what it imported for "
+               "each (re)start and stays)");
   app.add_option("--warm-modules,--warm_modules", f->warm_modules,
                  "Modules warm interpreters import besides torch, e.g. transformers,numpy");
   app.prefix_command();  // everything from the script on belongs to the script
@@ -162,6 +165,7 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   if (!f.save_every.empty()) argv.insert(argv.end(), {"--save-every", f.save_every});
   if (!f.mtbf.empty()) argv.insert(argv.end(), {"--mtbf", f.mtbf});
   if (f.no_warm_restart) argv.push_back("--no-warm-restart");
+  if (f.no_warm_fork) argv.push_back("--no-warm-fork");
   if (!f.warm_modules.empty()) argv.insert(argv.end(), {"--warm-modules", f.warm_modules});
   argv.insert(argv.end(), f.script_and_args.begin(), f.script_and_args.end());
   return argv;

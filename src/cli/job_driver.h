@@ -50,6 +50,7 @@ struct JobFlags {
   std::string mtbf;        // --mtbf DURATION ("" = the default prior)
   int ckpt_replicas = 1;
   bool no_warm_restart = false;
+  bool no_warm_fork = false;
   std::string warm_modules;  // --warm-modules a,b (as `ballast run`)
   TlsFlags tls;
   std::string journal;  // --journal DIR: the master in a child process (cli/master_process.h)

@@ -220,6 +220,34 @@ TEST(Subprocess, TerminateKillsWholeGroup) {
   EXPECT_TRUE(gone) << "grandchild " << grandchild << " survived";
 }
 
+// A subreaper gets its descendants' orphans as children; ReapStrayChildren
+// reaps the ones that ended and leaves a Subprocess's own child alone.
+TEST(Subprocess, ASubreaperReapsOrphansButNotWhatASubprocessOwns) {
+  ASSERT_TRUE(BecomeChildSubreaper().ok());
+  auto o = Sh("sleep 0.2 & echo $!");  // the shell exits at once, its child 0.2 s later
+  o.pipe_stdout = true;
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok());
+  auto owned = Subprocess::Spawn(Sh("exit 3"));  // ends at once; its owner reaps it
+  ASSERT_TRUE(owned.ok());
+  char buf[64] = {};
+  ssize_t n = read(p->stdout_fd(), buf, sizeof(buf) - 1);
+  ASSERT_GT(n, 0);
+  const pid_t orphan = std::stoi(std::string(buf, n));
+  ASSERT_TRUE(p->Wait(10).has_value());
+  int reaped = 0;
+  for (int i = 0; i < 300 && reaped == 0; ++i) {
+    reaped += ReapStrayChildren();
+    if (reaped == 0) usleep(10000);
+  }
+  EXPECT_EQ(reaped, 1);
+  EXPECT_FALSE(ProcessAlive(orphan));
+  EXPECT_EQ(kill(orphan, 0), -1);  // reaped: no zombie left
+  auto st = owned->Wait(10);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->exit_code, 3);  // its status was left to it
+}
+
 TEST(ProcNetTcp, ListenerAndAcceptedPeersOfOnePort) {
   // 127.0.0.1:33713 listening; accepted from 10.0.0.2:40000 and 127.0.0.1;
   // a client socket of port 33713 elsewhere and another local port ignored.

@@ -10,16 +10,42 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
 #include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
 namespace ballast {
+namespace {
+
+// The children a Subprocess owns (spawned or adopted, not yet reaped):
+// ReapStrayChildren leaves them to their owners. Spawn holds the lock from
+// before its fork until the pid is in, so no child is ever seen unowned.
+std::mutex& OwnedMutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<pid_t>& Owned() {
+  static std::set<pid_t> owned;
+  return owned;
+}
+void Disown(pid_t pid) {
+  std::lock_guard<std::mutex> lock(OwnedMutex());
+  Owned().erase(pid);
+}
+
+}  // namespace
 
 std::string SignalName(int sig) {
   switch (sig) {
@@ -116,8 +142,10 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
   envp.push_back(nullptr);
   pid_t parent = getpid();
 
+  std::unique_lock<std::mutex> owned_lock(OwnedMutex());
   pid_t pid = fork();
   if (pid < 0) {
+    owned_lock.unlock();
     close_all();
     return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
   }
@@ -165,6 +193,8 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
   }
   // Parent. Also set the group from this side to close the race where we signal
   // the group before the child ran setpgid.
+  Owned().insert(pid);
+  owned_lock.unlock();
   if (options.new_process_group) setpgid(pid, pid);
   close(exec_err[1]);
   exec_err[1] = -1;
@@ -181,6 +211,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
   if (n == sizeof(child_errno)) {
     int ws;
     waitpid(pid, &ws, 0);
+    Disown(pid);
     if (out_pipe[0] >= 0) close(out_pipe[0]);
     if (err_pipe[0] >= 0) close(err_pipe[0]);
     if (control[0] >= 0) close(control[0]);
@@ -228,6 +259,46 @@ void Subprocess::ClosePipes() {
   stdout_fd_ = stderr_fd_ = control_fd_ = -1;
 }
 
+Subprocess Subprocess::Adopt(pid_t pid, bool own_group, int stdout_fd, int stderr_fd, int control_fd) {
+  {
+    std::lock_guard<std::mutex> lock(OwnedMutex());
+    Owned().insert(pid);
+  }
+  Subprocess p;
+  p.pid_ = pid;
+  p.own_group_ = own_group;
+  p.stdout_fd_ = stdout_fd;
+  p.stderr_fd_ = stderr_fd;
+  p.control_fd_ = control_fd;
+  return p;
+}
+
+absl::Status BecomeChildSubreaper() {
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    return absl::InternalError(absl::StrCat("prctl(PR_SET_CHILD_SUBREAPER): ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+int ReapStrayChildren() {
+  // This process's children, from every thread's list (a child belongs to
+  // the thread that forked it, or to the process when reparented here).
+  std::vector<pid_t> children;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t pid = 0;
+    while (in >> pid) children.push_back(pid);
+  }
+  int reaped = 0;
+  std::lock_guard<std::mutex> lock(OwnedMutex());
+  for (pid_t pid : children) {
+    if (Owned().count(pid) != 0) continue;
+    int ws = 0;
+    if (waitpid(pid, &ws, WNOHANG) == pid) ++reaped;
+  }
+  return reaped;
+}
+
 pid_t Subprocess::Release() {
   pid_t p = pid_;
   pid_ = -1;
@@ -238,7 +309,15 @@ std::optional<ExitStatus> Subprocess::Poll() {
   if (status_.has_value() || pid_ <= 0) return status_;
   int ws = 0;
   pid_t r = waitpid(pid_, &ws, WNOHANG);
-  if (r == pid_) status_ = DecodeWaitStatus(ws);
+  if (r == pid_) {
+    status_ = DecodeWaitStatus(ws);
+    Disown(pid_);
+  } else if (r < 0 && errno == ECHILD) {
+    // Not (or no longer) this process's child: its status is lost. Ended
+    // all the same; say so rather than wait forever.
+    status_ = ExitStatus{255, 0};
+    Disown(pid_);
+  }
   return status_;
 }
 
@@ -251,6 +330,8 @@ std::optional<ExitStatus> Subprocess::Wait(double timeout_s) {
       r = waitpid(pid_, &ws, 0);
     } while (r < 0 && errno == EINTR);
     if (r == pid_) status_ = DecodeWaitStatus(ws);
+    else if (r < 0 && errno == ECHILD) status_ = ExitStatus{255, 0};
+    if (status_.has_value()) Disown(pid_);
     return status_;
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);

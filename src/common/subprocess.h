@@ -81,6 +81,12 @@ class Subprocess {
   void ClosePipes();
   // Gives up ownership without killing (the pid stays a child of this process).
   pid_t Release();
+  // Takes over a child this process did not fork: one a warm interpreter
+  // forked that the kernel reparented here (BecomeChildSubreaper), with the
+  // parent's ends of its pipes and control socket (each -1 if none). It
+  // must already be this process's child (waitpid reaps it). own_group: it
+  // leads its own process group.
+  static Subprocess Adopt(pid_t pid, bool own_group, int stdout_fd, int stderr_fd, int control_fd);
 
  private:
   pid_t pid_ = -1;
@@ -109,6 +115,17 @@ struct CommandResult {
 // when it cannot be started. Blocks the calling thread.
 absl::StatusOr<CommandResult> RunCapture(const std::vector<std::string>& argv, double timeout_s,
                                          const std::map<std::string, std::string>& extra_env = {});
+
+// Makes this process the reaper of its descendants' orphans
+// (PR_SET_CHILD_SUBREAPER): a process one of its children forks twice comes
+// back to it as its own child (how a warm interpreter's fork becomes the
+// agent's worker). Orphans that no Subprocess owns are then reaped by
+// ReapStrayChildren.
+absl::Status BecomeChildSubreaper();
+// Reaps the children of this process that exited and that no Subprocess
+// owns (orphans reparented here); returns how many. Thread-safe with Spawn
+// and Adopt (a child they create is owned before this can see it).
+int ReapStrayChildren();
 
 // Decodes a waitpid status.
 ExitStatus DecodeWaitStatus(int wstatus);

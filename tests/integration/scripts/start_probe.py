@@ -26,4 +26,8 @@ with open(os.path.join(out, f"start-rank{os.environ['RANK']}-{os.environ['TORCHE
           "w") as f:
     json.dump(seen, f, indent=1, sort_keys=True)
 if os.environ.get("FAIL_FIRST") and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+    # FAIL_FIRST names a file: rank 1's first start fails once it exists.
+    import time
+    while not os.path.exists(os.environ["FAIL_FIRST"]):
+        time.sleep(0.05)
     sys.exit(5)
