@@ -8,7 +8,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries torch2 test-wheels ray wheel test unit integration kubernetes slurm demo install bench fuzz clean
+.PHONY: all deps configure build k8s-binaries torch2 test-wheels ray ray-train wheel test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -52,6 +52,10 @@ test-wheels: build torch2
 # torch 1.13) and the torch 2.x suites' venv.
 ray: test-wheels
 	@scripts/ray-test-venvs.sh $(BUILD_DIR) >/dev/null
+
+# Ray Train's side of bench/ray_bench.py (not needed by the tests).
+ray-train:
+	@scripts/ray-train-venv.sh
 
 # `pip install`-able wheels for CPython 3.10-3.13 and the sdist, in dist/.
 wheel: deps

@@ -32,18 +32,13 @@ with only loopback: the bench re-executes itself under `unshare -n` (run it as r
 cluster serves every run; a removed node is replaced before the next run starts.
 
 Ray Train needs ray[train]'s extras (fsspec, pandas, pyarrow, tensorboardX) beside Ray 2.60.0 and
-Debian's torch 1.13, which build/venv-ray lacks; a venv that has them (pyarrow < 21: newer ones
-need NumPy 2, Debian's is 1.24):
-
-    /usr/bin/python3 -m venv --system-site-packages /tmp/venv-raytrain
-    echo ~/.cache/ballast/ray-2.60.0-py3.11/lib/python3.11/site-packages \\
-        > /tmp/venv-raytrain/lib/python3.11/site-packages/ballast-ray.pth
-    echo numpy==1.24.2 > /tmp/c.txt
-    /tmp/venv-raytrain/bin/python -m pip install -c /tmp/c.txt fsspec pandas 'pyarrow>=17,<21' 'tensorboardX>=1.9'
+Debian's torch 1.13, which build/venv-ray lacks: `make ray-train` builds a venv that has them,
+pinned (scripts/ray-train-venv.sh; pyarrow < 21 and pandas < 3: newer ones need NumPy 2, Debian's
+is 1.24), and prints its python.
 
 Run (as root, from the repository root; every process of the cluster uses this interpreter):
 
-    /tmp/venv-raytrain/bin/python bench/ray_bench.py --trials 3
+    $(make -s ray-train) bench/ray_bench.py --trials 3
     build/venv-ray/bin/python bench/ray_bench.py --systems ballast        # Ballast only
 
 Options: --trials N (3), --steps N (60), --faults node,worker, --systems ballast,raytrain,

@@ -83,7 +83,7 @@ int LaunchCommand(const Args& args) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   scheduler::LocalScheduler sched([&](const scheduler::NodeRequest& r) { return AgentCommand(f, m, r); });
-  scheduler::NodeManager nodes(&sched, JobNodeManagerOptions(f, start_nodes + spares));
+  scheduler::NodeManager nodes(&sched, JobNodeManagerOptions(f, start_nodes + spares, &m));
   node_manager.store(&nodes);
   DriveOptions o;
   o.cmd = "launch";

@@ -145,7 +145,7 @@ int RayRun(const Args& args) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  scheduler::NodeManager nodes(sched->get(), JobNodeManagerOptions(f, f.range.max + spares));
+  scheduler::NodeManager nodes(sched->get(), JobNodeManagerOptions(f, f.range.max + spares, &m));
   node_manager.store(&nodes);
   DriveOptions o;
   o.cmd = "ray run";

@@ -158,7 +158,7 @@ int SlurmCommand(const Args& args) {
     return cmd;
   };
   scheduler::slurm::SlurmScheduler sched(so);
-  scheduler::NodeManagerOptions nmo = JobNodeManagerOptions(f, needed);
+  scheduler::NodeManagerOptions nmo = JobNodeManagerOptions(f, needed, &m);
   nmo.name = [&sched](int rank, int incarnation) { return sched.NextNodeName(rank, incarnation); };
   scheduler::NodeManager nodes(&sched, nmo);
   node_manager.store(&nodes);

@@ -203,11 +203,12 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
   return mopts;
 }
 
-scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initial_nodes) {
+scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initial_nodes, DrivenMaster* m) {
   scheduler::NodeManagerOptions nmo;
   nmo.initial_nodes = initial_nodes;
   nmo.max_replacements = f.max_replacements;
   nmo.release_grace_s = Tunables::Get().stop_grace_s + 2;
+  nmo.on_scheduler_lost = [m](const std::string& node_id, const std::string& reason) { m->NodeLost(node_id, reason); };
   return nmo;
 }
 

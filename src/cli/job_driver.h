@@ -78,7 +78,8 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
 
 // NodeManager's options for these flags: node ranks 0..initial_nodes-1,
 // --max-replacements, and the grace a released node's agent gets.
-scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initial_nodes);
+// The scheduler's node deaths go to the master `m` at once.
+scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initial_nodes, DrivenMaster* m);
 
 // Starts the job's master: in this process, or with --journal in a child
 // process restarted from its journal when it dies (MasterProcess). On an

@@ -128,6 +128,21 @@ absl::StatusOr<v1::JobStatus> MasterProcess::Fetch(double timeout_s) {
   return st;
 }
 
+void MasterProcess::NodeLost(const std::string& node_id, const std::string& reason) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::LeaveRequest req;
+  req.set_node_id(node_id);
+  req.set_reason(reason);
+  req.set_lost(true);
+  v1::Ack ack;
+  grpc::Status s = stub_->Leave(&ctx, req, &ack);
+  if (!s.ok()) {
+    spdlog::debug("could not tell the master that node {} is gone ({}); its heartbeats will", node_id,
+                  s.error_message());
+  }
+}
+
 absl::Status MasterProcess::WaitReady() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                std::chrono::duration<double>(options_.ready_timeout_s));

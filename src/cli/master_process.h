@@ -53,6 +53,9 @@ class DrivenMaster {
   virtual absl::Status Poll(scheduler::NodeManager& nodes) { return absl::OkStatus(); }
   // Times a master process died and was restarted from its journal.
   virtual int master_restarts() const { return 0; }
+  // The scheduler reports the node gone: the master loses it now
+  // (MasterServer::NodeLost). Best effort: heartbeats find it anyway.
+  virtual void NodeLost(const std::string& node_id, const std::string& reason) = 0;
 };
 
 // The master in this process (master_server.h).
@@ -67,6 +70,9 @@ class InProcessMaster : public DrivenMaster {
   }
   v1::JobStatus Status() override { return server_->Status(); }
   void Shutdown(double linger_s) override { server_->Shutdown(linger_s); }
+  void NodeLost(const std::string& node_id, const std::string& reason) override {
+    server_->NodeLost(node_id, reason);
+  }
   master::MasterServer& server() { return *server_; }
 
  private:
@@ -96,6 +102,7 @@ class MasterProcess : public DrivenMaster {
   const std::string& token() const override { return options_.master.token; }
   std::optional<master::JobResult> WaitForFinish(double timeout_s) override;
   v1::JobStatus Status() override;
+  void NodeLost(const std::string& node_id, const std::string& reason) override;
   void Shutdown(double linger_s) override;
   absl::Status Poll(scheduler::NodeManager& nodes) override;
 

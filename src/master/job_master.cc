@@ -692,10 +692,12 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
   {
     JobLock lock(&mu_);
     if (!nodes_.IsAlive(NodeId(request.node_id()))) return absl::OkStatus();  // idempotent
-    std::string reason =
-        request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason());
+    std::string reason = request.lost()
+                             ? (request.reason().empty() ? "its scheduler reports it gone" : request.reason())
+                             : (request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason()));
     TruncateFront(&reason);
-    LoseNodes({NodeId(request.node_id())}, NodeState::kLeft, reason, clock_->Now(), &lost);
+    LoseNodes({NodeId(request.node_id())}, request.lost() ? NodeState::kDead : NodeState::kLeft, reason,
+              clock_->Now(), &lost);
   }
   NotifyLost(lost);
   return absl::OkStatus();

@@ -647,6 +647,33 @@ TEST_F(JobMasterTest, FirstRoundWaitsForTheStartingSparesThenLowestRanksTrain) {
   EXPECT_EQ(states["spare"], "spare");
 }
 
+// The driver's word that the scheduler lost a node (Leave with `lost`): the
+// node is dead with the scheduler's reason, not "left", and a new round
+// starts without waiting for its heartbeats to run out.
+TEST_F(JobMasterTest, ANodeTheSchedulerLostIsDeadAtOnceWithItsReason) {
+  Make(Options(2, 2));
+  Add("a", 0);
+  Add("b", 1);
+  ASSERT_EQ(jm_->Status().round(), 1);
+  v1::LeaveRequest lost;
+  lost.set_node_id("b");
+  lost.set_reason("its Ray node 8f3c died");
+  lost.set_lost(true);
+  ASSERT_TRUE(jm_->Leave(lost).ok());
+  v1::JobStatus st = jm_->Status();
+  bool seen = false;
+  for (const auto& n : st.nodes()) {
+    if (n.node_id() != "b") continue;
+    seen = true;
+    EXPECT_EQ(n.state(), "dead");
+    EXPECT_EQ(n.reason(), "its Ray node 8f3c died");
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_GE(st.round(), 1);
+  EXPECT_NE(st.state(), "running") << st.message();  // the world of 2 lost a member: no round runs with a dead node
+  ASSERT_TRUE(jm_->Leave(lost).ok());  // again: a no-op
+}
+
 TEST_F(JobMasterTest, FirstRoundWaitsForSparesOnlyForTheLastCall) {
   JobMasterOptions o = Options(2, 2);
   o.expected_nodes = 3;

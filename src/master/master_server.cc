@@ -226,6 +226,14 @@ void MasterServer::Abort(const std::string& message) { impl_->job->Abort(message
 
 void MasterServer::Suspended() { impl_->job->Suspended(); }
 
+void MasterServer::NodeLost(const std::string& node_id, const std::string& reason) {
+  v1::LeaveRequest request;
+  request.set_node_id(node_id);
+  request.set_reason(reason);
+  request.set_lost(true);
+  (void)impl_->job->Leave(request);
+}
+
 void MasterServer::Shutdown(double linger_s) {
   Impl& impl = *impl_;
   std::lock_guard<std::mutex> lock(impl.shutdown_mu);

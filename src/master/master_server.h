@@ -109,6 +109,10 @@ class MasterServer {
   void Abort(const std::string& message);
   // JobMaster::Suspended.
   void Suspended();
+  // The job's scheduler reports the node gone (a Ray node or actor death, a
+  // Slurm node down): it is lost now, before its heartbeats run out
+  // (JobMaster::Leave with `lost`). A node the master no longer has is ignored.
+  void NodeLost(const std::string& node_id, const std::string& reason);
 
   // Stops serving. Waits up to linger_s for every connected agent to have been
   // sent the final decision, then shuts the gRPC server down. Idempotent.

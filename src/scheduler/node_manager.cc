@@ -166,6 +166,8 @@ void NodeManager::Poll(bool job_finished) {
              job_finished || e.status.ok());
         break;
       case NodeEvent::Kind::kLost:
+        if (options_.on_scheduler_lost && !job_finished && handled_.count(e.name) == 0)
+          options_.on_scheduler_lost(e.name, e.reason);
         Gone(e.name, e.reason, /*still_running=*/true, job_finished);
         break;
       case NodeEvent::Kind::kPendingTooLong:

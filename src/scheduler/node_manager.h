@@ -43,6 +43,10 @@ struct NodeManagerOptions {
   // reason is a CamelCase word (NodeReplaced, ReplacementsUsedUp, NodePending,
   // NodeExcluded), warning selects the event type.
   std::function<void(const std::string& reason, const std::string& message, bool warning)> on_event;
+  // Told when the scheduler reports a node of the job lost (NodeEvent::kLost)
+  // while the job runs, before the node is released and replaced: the
+  // master hears it at once, not when the node's heartbeats run out.
+  std::function<void(const std::string& node_id, const std::string& reason)> on_scheduler_lost;
 };
 
 class NodeManager {

@@ -96,6 +96,32 @@ TEST(NodeManager, StartsOneNodePerRankAndReplacesAnExitedOneAsItsNextIncarnation
   EXPECT_THAT(h.events[0], HasSubstr("NodeReplaced: node node-1 (node rank 1) is gone (its agent exited: exit code 1)"));
 }
 
+// A node the scheduler reports lost (a Ray node death, a Slurm node down)
+// is told to the master at once (on_scheduler_lost), then replaced; not when
+// the master itself lost it first, nor once the job finished.
+TEST(NodeManager, TheSchedulersLossGoesToTheMasterOnceWhileTheJobRuns) {
+  std::vector<std::string> told;
+  NodeManagerOptions o;
+  o.initial_nodes = 3;
+  o.max_replacements = 5;
+  o.on_scheduler_lost = [&](const std::string& node, const std::string& why) { told.push_back(node + ": " + why); };
+  FakeScheduler sched;
+  NodeManager manager(&sched, o);
+  ASSERT_TRUE(manager.Start().ok());
+  sched.Lost("node-1", "its Ray node died");
+  manager.Poll(false);
+  EXPECT_THAT(told, ElementsAre("node-1: its Ray node died"));
+  EXPECT_THAT(Names(sched.launched), ElementsAre("node-0", "node-1", "node-2", "node-1-2"));
+  // The master lost node-2 first: the scheduler's word after it adds nothing.
+  manager.OnNodeLost("node-2", "heartbeat timeout");
+  manager.Poll(false);
+  sched.Lost("node-2", "its Ray node died");
+  manager.Poll(false);
+  sched.Lost("node-0", "its Ray node died");
+  manager.Poll(/*job_finished=*/true);
+  EXPECT_THAT(told, ElementsAre("node-1: its Ray node died"));
+}
+
 TEST(NodeManager, MasterLossAndSchedulerExitOfOneNodeReplaceItOnce) {
   Harness h(2, 5);
   ASSERT_TRUE(h.manager->Start().ok());
