@@ -621,6 +621,10 @@ absl::StatusOr<v1::JoinResponse> JobMaster::Join(const v1::JoinRequest& request)
     return absl::FailedPreconditionError(
         absl::StrCat("node ", n.node_id(), " was excluded from the job: ", it->second));
   }
+  if (auto it = scheduler_lost_.find(id); it != scheduler_lost_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("node ", n.node_id(), " is gone from the job (", it->second,
+                                                      "); a new node takes its place"));
+  }
   // An agent started with --network-check turns the pre-flight check on.
   if (request.spec().precheck() && !precheck_.enabled) {
     precheck_.enabled = true;
@@ -691,13 +695,16 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
   LostList lost;
   {
     JobLock lock(&mu_);
-    if (!nodes_.IsAlive(NodeId(request.node_id()))) return absl::OkStatus();  // idempotent
+    const NodeId id(request.node_id());
     std::string reason = request.lost()
                              ? (request.reason().empty() ? "its scheduler reports it gone" : request.reason())
                              : (request.reason().empty() ? "left" : absl::StrCat("left: ", request.reason()));
     TruncateFront(&reason);
-    LoseNodes({NodeId(request.node_id())}, request.lost() ? NodeState::kDead : NodeState::kLeft, reason,
-              clock_->Now(), &lost);
+    // A node the master lost already (its connection closed first) is gone
+    // for good all the same: no re-join.
+    if (request.lost() && nodes_.Find(id) != nullptr) scheduler_lost_.emplace(id, reason);
+    if (!nodes_.IsAlive(id)) return absl::OkStatus();  // idempotent
+    LoseNodes({id}, request.lost() ? NodeState::kDead : NodeState::kLeft, reason, clock_->Now(), &lost);
   }
   NotifyLost(lost);
   return absl::OkStatus();

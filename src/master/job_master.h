@@ -481,6 +481,10 @@ class JobMaster {
     std::string verdict;                           // the last verdict, for status
   };
   Precheck precheck_ ABSL_GUARDED_BY(mu_);
+  // Nodes the job's scheduler reported gone (Leave with `lost`), and why: a
+  // re-join from one (an agent on a Ray node already declared dead, not yet
+  // killed) is refused, as its replacement takes its place.
+  std::map<NodeId, std::string> scheduler_lost_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ballast::master

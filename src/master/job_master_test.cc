@@ -672,6 +672,12 @@ TEST_F(JobMasterTest, ANodeTheSchedulerLostIsDeadAtOnceWithItsReason) {
   EXPECT_GE(st.round(), 1);
   EXPECT_NE(st.state(), "running") << st.message();  // the world of 2 lost a member: no round runs with a dead node
   ASSERT_TRUE(jm_->Leave(lost).ok());  // again: a no-op
+  // Its agent, not dead yet, joins again: refused, saying why.
+  auto again = Join("b", 1, 1);
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_THAT(again.status().message(), HasSubstr("node b is gone from the job (its Ray node 8f3c died)"));
+  Add("c", 1);  // its replacement joins
 }
 
 TEST_F(JobMasterTest, FirstRoundWaitsForSparesOnlyForTheLastCall) {
