@@ -80,6 +80,17 @@ sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     }
     return pool.Take(lr, env, why);
   }
+  // Polls the group until its workers ended; whether that was every worker
+  // succeeding. Stops the group.
+  bool EndsWithAllSucceeded(WorkerGroup& group) {
+    std::vector<WorkerEvent> events;
+    for (int i = 0; i < 500 && events.empty(); ++i) {
+      events = group.Poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    group.Stop(0);
+    return events.size() == 1 && events[0].kind == WorkerEvent::Kind::kAllSucceeded;
+  }
   fs::path dir_;
 };
 
@@ -217,27 +228,13 @@ TEST_F(WarmPoolTest, WorkerGroupStartsWarmAndForwardsOutput) {
   ASSERT_TRUE(group.Start(round).ok());
   EXPECT_EQ(group.start_summary(), "warm (1 of 1)");
   EXPECT_TRUE(group.Workers()[0].warm);
-  std::vector<WorkerEvent> events;
-  for (int i = 0; i < 500 && events.empty(); ++i) {
-    events = group.Poll();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kAllSucceeded);
-  group.Stop(0);
+  EXPECT_TRUE(EndsWithAllSucceeded(group));
   // The worker was a fork: the interpreter stays, and the next start is warm too.
   round.round = 2;
   round.rank_offset = 4;
   ASSERT_TRUE(group.Start(round).ok());
   EXPECT_EQ(group.start_summary(), "warm (1 of 1)");
-  events.clear();
-  for (int i = 0; i < 500 && events.empty(); ++i) {
-    events = group.Poll();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kAllSucceeded);
-  group.Stop(0);
+  EXPECT_TRUE(EndsWithAllSucceeded(group));
   close(console);
   std::ifstream in(console_path);
   std::stringstream ss;

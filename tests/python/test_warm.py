@@ -28,6 +28,20 @@ PER_JOB = {"TORCHELASTIC_RUN_ID", "BALLAST_NODE_ID", "BALLAST_CKPT_SHM", "BALLAS
            "BALLAST_JOB_START"}
 
 
+def log_reader(path):
+    """A function that returns the file's text now."""
+    def text():
+        with open(path) as f:
+            return f.read()
+    return text
+
+
+def said_after(text, first, then):
+    """Whether `then` appears in text after `first` does."""
+    start = text.find(first)
+    return start >= 0 and text.find(then, start) >= 0
+
+
 class WarmRestart(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ballast-warm-")
@@ -85,14 +99,10 @@ class WarmRestart(unittest.TestCase):
                                         env=dict(os.environ, OUT_DIR=out_dir, FAIL_FIRST=trigger),
                                         start_new_session=True)
 
-            def text():
-                with open(log_path) as f:
-                    return f.read()
+            text = log_reader(log_path)
 
             def ready():
-                t = text()
-                started = t.find("round 1: ")
-                return mode == "cold" or (started >= 0 and t.find("warm interpreters ready", started) >= 0)
+                return mode == "cold" or said_after(text(), "round 1: ", "warm interpreters ready")
             try:
                 self.wait_for("the interpreters for the restart", ready, text)
                 open(trigger, "w").close()
@@ -128,13 +138,10 @@ class WarmRestart(unittest.TestCase):
                                      "--steps", "400", "--step-time", "0.03", "--out", out],
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
         try:
-            def text():
-                with open(log_path) as f:
-                    return f.read()
+            text = log_reader(log_path)
+
             def ready_for_restart():
-                t = text()
-                started = t.find("start timeline (round 1")
-                return started >= 0 and t.find("warm interpreters ready", started) >= 0
+                return said_after(text(), "start timeline (round 1", "warm interpreters ready")
             deadline = time.time() + 90
             # The round trains, and the interpreters for the next restart are ready.
             while not ready_for_restart() and time.time() < deadline:
@@ -202,9 +209,7 @@ class WarmRestart(unittest.TestCase):
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp,
                                     env=env)
 
-        def text():
-            with open(log_path) as f:
-                return f.read()
+        text = log_reader(log_path)
 
         def first_step(restart):
             """When every rank made its first step of attempt `restart` (None before)."""
