@@ -120,20 +120,25 @@ def _ballast_warm():
         # True in the copy (the new worker's interpreter), False here.
         import warnings
         agent = os.getppid()
-        others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-        if others:
-            # Something it imported started threads, which a fork would lack.
+        def refuse(why):
+            # The agent hands this interpreter out itself, logging why.
             try:
-                os.write(fds[2], ("nofork the interpreter runs Python threads its imports started (%s), which a "
-                                  "fork would lack\n" % ", ".join(others)).encode())
+                os.write(fds[2], ("nofork %s\n" % why).encode())
             except OSError:
                 pass
             for fd in fds:
                 os.close(fd)
             return False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # 3.12+: "multi-threaded, use of fork()"
-            pid = os.fork()
+        others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        if others:
+            return refuse("the interpreter runs Python threads its imports started (%s), which a fork would "
+                          "lack" % ", ".join(others))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # 3.12+: "multi-threaded, use of fork()"
+                pid = os.fork()
+        except OSError as e:
+            return refuse("fork: %s" % e)
         if pid:
             for fd in fds:
                 os.close(fd)
