@@ -459,7 +459,7 @@ void WarmPool::RequestFork(int lr, Slot* slot) {
   slot->fork = Slot::Fork{out[0], err[0], control[0]};
 }
 
-std::optional<Subprocess> WarmPool::CollectFork(int lr, Slot* slot, std::string* why_not) {
+std::optional<Subprocess> WarmPool::CollectFork(Slot* slot, std::string* why_not) {
   // Between two imports of its preload the interpreter reads the request;
   // one import under way finishes first (torch._dynamo's: seconds on a
   // busy machine).
@@ -500,7 +500,6 @@ std::optional<Subprocess> WarmPool::CollectFork(int lr, Slot* slot, std::string*
   Subprocess copy = Subprocess::Adopt(pid, /*own_group=*/true, slot->fork->out, slot->fork->err, control);
   slot->fork.reset();  // the copy owns the descriptors now
   fcntl(control, F_SETFL, fcntl(control, F_GETFL) | O_NONBLOCK);
-  (void)lr;
   return copy;
 }
 
@@ -672,38 +671,8 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
     slot.warm.reset();
     return std::nullopt;
   }
-  RequestFork(lr, &slot);
-  if (slot.fork.has_value()) {
-    std::string why;
-    std::optional<Subprocess> copy = CollectFork(lr, &slot, &why);
-    if (copy.has_value()) {
-      TakenState state;
-      state.local_rank = lr;
-      state.pid = copy->pid();
-      state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
-      state.modules = absl::StrJoin(options_.modules, ", ");
-      state.imported = true;
-      state.forked = true;
-      state.hints_done = slot.hints_done;
-      state.hints = options_.hints.size();
-      state.learned_done = slot.learned_done;
-      state.learned_sent = slot.preload_sent;
-      if (options_.low_priority && !SetPolicy(copy->pid(), SCHED_OTHER)) {
-        *why_not = "its scheduling policy could not be restored";
-        copy->Terminate(0);
-        return std::nullopt;
-      }
-      taken_.push_back(state);
-      return WarmProcess{*std::move(copy), slot.warm->ready_at_s, MonotonicSeconds()};
-    }
-    // Handed out itself below; the next start gets a new one (Prepare).
-    spdlog::warn("the warm interpreter of local rank {} (pid {}) could not fork for the worker: {}; handing it "
-                 "out itself",
-                 lr, slot.warm->process.pid(), why);
-  }
   TakenState state;
   state.local_rank = lr;
-  state.pid = slot.warm->process.pid();
   state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
   state.modules = absl::StrJoin(options_.modules, ", ");
   state.imported = slot.warm->ready_at_s > 0;
@@ -711,8 +680,26 @@ std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, st
   state.hints = options_.hints.size();
   state.learned_done = slot.learned_done;
   state.learned_sent = slot.preload_sent;
-  std::optional<WarmProcess> out = std::move(slot.warm);
-  slot.warm.reset();
+  std::optional<WarmProcess> out;
+  RequestFork(lr, &slot);
+  if (slot.fork.has_value()) {
+    std::string why;
+    std::optional<Subprocess> copy = CollectFork(&slot, &why);
+    if (copy.has_value()) {
+      state.forked = true;
+      out = WarmProcess{*std::move(copy), slot.warm->ready_at_s, MonotonicSeconds()};
+    } else {
+      // Handed out itself below; the next start gets a new one (Prepare).
+      spdlog::warn("the warm interpreter of local rank {} (pid {}) could not fork for the worker: {}; handing "
+                   "it out itself",
+                   lr, slot.warm->process.pid(), why);
+    }
+  }
+  if (!out.has_value()) {
+    out = std::move(slot.warm);
+    slot.warm.reset();
+  }
+  state.pid = out->process.pid();
   // It trains now (or finishes its imports for that first): the normal policy.
   if (options_.low_priority && !SetPolicy(out->process.pid(), SCHED_OTHER)) {
     spdlog::warn("warm interpreter {}: cannot restore SCHED_OTHER ({}); starting its worker cold instead",

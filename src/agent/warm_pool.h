@@ -192,7 +192,7 @@ class WarmPool {
   void RequestFork(int lr, Slot* slot);
   // Waits for the requested fork to say "forked <pid>": the copy, or
   // nullopt with *why_not set (the request is dropped).
-  std::optional<Subprocess> CollectFork(int lr, Slot* slot, std::string* why_not);
+  std::optional<Subprocess> CollectFork(Slot* slot, std::string* why_not);
   static void CloseFork(Slot* slot);
   // Sends the learned modules the slot's interpreter has not been sent.
   void SendPreload(Slot* slot);
