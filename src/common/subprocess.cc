@@ -20,9 +20,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -219,13 +217,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
                                             std::strerror(child_errno),
                                             " (check the program name and PATH)"));
   }
-  Subprocess p;
-  p.pid_ = pid;
-  p.own_group_ = options.new_process_group;
-  p.stdout_fd_ = out_pipe[0];
-  p.stderr_fd_ = err_pipe[0];
-  p.control_fd_ = control[0];
-  return p;
+  return Adopt(pid, options.new_process_group, out_pipe[0], err_pipe[0], control[0]);
 }
 
 Subprocess::Subprocess(Subprocess&& o) noexcept { *this = std::move(o); }
