@@ -384,33 +384,43 @@ WarmPool::WarmPool(WarmOptions options) : options_(std::move(options)) {
 }
 
 WarmPool::~WarmPool() {
-  for (auto& [lr, slot] : slots_) {
-    CloseFork(&slot);
-    if (slot.warm.has_value()) slot.warm->process.Terminate(0);
-  }
+  for (auto& [lr, slot] : slots_) Drop(&slot);
 }
 
-void WarmPool::CloseFork(Slot* slot) {
-  if (!slot->fork.has_value()) return;
-  for (int fd : {slot->fork->out, slot->fork->err, slot->fork->control})
+void WarmPool::CloseFork(int lr) {
+  auto it = forks_.find(lr);
+  if (it == forks_.end()) return;
+  for (int fd : {it->second.out, it->second.err, it->second.control})
     if (fd >= 0) close(fd);
-  slot->fork.reset();
+  forks_.erase(it);
+}
+
+void WarmPool::CloseForks() {
+  while (!forks_.empty()) CloseFork(forks_.begin()->first);
+}
+
+void WarmPool::Drop(Slot* slot) {
+  if (fork_) CloseForks();  // asked of this slot's interpreter, the only one
+  if (slot->warm.has_value()) slot->warm->process.Terminate(0);
+  slot->warm.reset();
 }
 
 void WarmPool::RequestForks(int n, const std::map<std::string, std::string>& env) {
   if (!fork_ || disabled()) return;
   Poll();
   for (int lr = 0; lr < n; ++lr) {
-    auto it = slots_.find(lr);
+    auto it = slots_.find(SlotOf(lr));
     if (it == slots_.end() || it->second.env != env) continue;
-    RequestFork(lr, &it->second);
+    RequestFork(lr);
   }
 }
 
-void WarmPool::RequestFork(int lr, Slot* slot) {
-  if (!fork_ || slot->fork.has_value() || !slot->warm.has_value() || slot->warm->ready_at_s <= 0 ||
-      !slot->warm->process.running())
+void WarmPool::RequestFork(int lr) {
+  auto it = slots_.find(SlotOf(lr));
+  if (!fork_ || forks_.count(lr) != 0 || it == slots_.end() || !it->second.warm.has_value() ||
+      !it->second.warm->process.running())
     return;
+  Slot* slot = &it->second;
   int out[2] = {-1, -1}, err[2] = {-1, -1}, control[2] = {-1, -1};
   auto close_all = [&] {
     for (int fd : {out[0], out[1], err[0], err[1], control[0], control[1]})
@@ -418,7 +428,7 @@ void WarmPool::RequestFork(int lr, Slot* slot) {
   };
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control) != 0) {
-    spdlog::warn("warm interpreter of local rank {}: cannot make the pipes of a fork: {}", lr, std::strerror(errno));
+    spdlog::warn("the fork of the warm interpreter for local rank {}: cannot make its pipes: {}", lr, std::strerror(errno));
     close_all();
     return;
   }
@@ -451,33 +461,59 @@ void WarmPool::RequestFork(int lr, Slot* slot) {
   if (n != static_cast<ssize_t>(sizeof(kLine) - 1)) {
     // Nothing or a part went (a full socket: a preload list it has not read
     // yet): the line may be cut, so this interpreter is not asked again.
-    spdlog::warn("warm interpreter of local rank {}: cannot ask it for a fork ({}); handing it out instead", lr,
+    spdlog::warn("cannot ask the warm interpreter for the fork for local rank {} ({}); handing it out instead", lr,
                  n < 0 ? std::strerror(errno) : "the control socket is full");
     close_all();
     return;
   }
-  slot->fork = Slot::Fork{out[0], err[0], control[0]};
+  forks_[lr] = Fork{out[0], err[0], control[0], MonotonicSeconds()};
 }
 
-std::optional<Subprocess> WarmPool::CollectFork(Slot* slot, std::string* why_not) {
+std::optional<Subprocess> WarmPool::CollectFork(int lr, std::string* why_not) {
   // Between two imports of its preload the interpreter reads the request;
   // one import under way finishes first (torch._dynamo's: seconds on a
-  // busy machine).
+  // busy machine). One still importing WarmOptions::modules (a job's first
+  // start) reads it when that is done: the import a cold start would do,
+  // begun earlier, so that wait has only a bound against a stuck import.
   constexpr double kForkTimeoutS = 10;
-  const double deadline = MonotonicSeconds() + kForkTimeoutS;
+  constexpr double kImportTimeoutS = 300;
   std::string buffer;
   pid_t pid = -1;
-  const int control = slot->fork->control;
+  std::optional<Subprocess> copy;
+  const int control = forks_.at(lr).control;
+  const double asked_at = forks_.at(lr).asked_at_s;
+  const int slot_key = SlotOf(lr);
+  // When the interpreter said "ready" (-1: still importing); nullopt once it is gone.
+  auto template_ready_at = [&]() -> std::optional<double> {
+    auto it = slots_.find(slot_key);
+    if (it == slots_.end() || !it->second.warm.has_value()) return std::nullopt;
+    return it->second.warm->ready_at_s;
+  };
   while (pid < 0) {
-    const double left = deadline - MonotonicSeconds();
-    if (left <= 0) {
-      *why_not = absl::StrFormat("it did not fork within %.0f s", kForkTimeoutS);
+    const std::optional<double> ready = template_ready_at();
+    if (!ready.has_value() || disabled()) {
+      *why_not = disabled() ? disabled_reason_ : "it ended before it forked";
       break;
     }
+    const double ready_at = *ready;
+    const double now = MonotonicSeconds();
+    const double deadline =
+        ready_at > 0 ? std::max(asked_at, ready_at) + kForkTimeoutS : asked_at + kImportTimeoutS;
+    if (now >= deadline) {
+      *why_not = ready_at > 0 ? absl::StrFormat("it did not fork within %.0f s", kForkTimeoutS)
+                              : absl::StrFormat("its imports did not end within %.0f s", kImportTimeoutS);
+      break;
+    }
+    // Still importing: its "ready" line is read (Poll) at least every 0.1 s.
+    const double wait = ready_at > 0 ? deadline - now : std::min(deadline - now, 0.1);
     pollfd p{control, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left * 1000) + 1) < 0 && errno != EINTR) {
+    if (::poll(&p, 1, static_cast<int>(wait * 1000) + 1) < 0 && errno != EINTR) {
       *why_not = absl::StrCat("poll: ", std::strerror(errno));
       break;
+    }
+    if (ready_at <= 0) {
+      Poll();
+      if (forks_.count(lr) == 0) continue;  // its interpreter died: the check above says so
     }
     bool closed = false;
     for (const std::string& line : ReadControlLines(control, &buffer, &closed)) {
@@ -492,26 +528,30 @@ std::optional<Subprocess> WarmPool::CollectFork(Slot* slot, std::string* why_not
       break;
     }
   }
-  if (options_.low_priority && slot->warm.has_value()) SetPolicy(slot->warm->process.pid(), SCHED_IDLE);
   if (pid < 0) {
-    CloseFork(slot);
-    return std::nullopt;
+    CloseFork(lr);
+  } else {
+    const Fork f = forks_.at(lr);
+    forks_.erase(lr);  // the copy owns the descriptors now
+    copy = Subprocess::Adopt(pid, /*own_group=*/true, f.out, f.err, control);
   }
-  Subprocess copy = Subprocess::Adopt(pid, /*own_group=*/true, slot->fork->out, slot->fork->err, control);
-  slot->fork.reset();  // the copy owns the descriptors now
+  // Back to the background once no fork is asked of it.
+  auto it = slots_.find(slot_key);
+  if (options_.low_priority && forks_.empty() && it != slots_.end() && it->second.warm.has_value())
+    SetPolicy(it->second.warm->process.pid(), SCHED_IDLE);
+  if (!copy.has_value()) return std::nullopt;
   fcntl(control, F_SETFL, fcntl(control, F_GETFL) | O_NONBLOCK);
   return copy;
 }
 
 absl::Status WarmPool::Prepare(int lr, const std::map<std::string, std::string>& env) {
   if (disabled()) return absl::OkStatus();
-  Slot& slot = slots_[lr];
+  Slot& slot = slots_[SlotOf(lr)];
   if (slot.warm.has_value()) {
     if (slot.env == env && slot.warm->process.running()) return absl::OkStatus();
-    CloseFork(&slot);
-    slot.warm->process.Terminate(0);  // stale: started for another environment
-    slot.warm.reset();
+    Drop(&slot);  // stale: started for another environment
   }
+  slot.handed_to.clear();
   SpawnOptions so;
   so.argv = {options_.python, "-u", "-c", kBootstrap};
   so.env = env;
@@ -588,7 +628,7 @@ void WarmPool::Preload(const std::vector<std::string>& modules) {
     if (learned_set_.insert(m).second) learned_.push_back(m);
   }
   if (disabled()) return;
-  for (auto& [lr, slot] : slots_) SendPreload(&slot);
+  for (auto& [key, slot] : slots_) SendPreload(&slot);
 }
 
 void WarmPool::Poll() {
@@ -598,9 +638,12 @@ void WarmPool::Poll() {
     strays_reaped_at_ = MonotonicSeconds();
     ReapStrayChildren();
   }
-  for (auto& [lr, slot] : slots_) {
+  for (auto& [key, slot] : slots_) {
     if (!slot.warm.has_value()) continue;
     WarmProcess& w = *slot.warm;
+    auto whose = [&, key = key] {
+      return fork_ ? std::string("the node's warm interpreter") : absl::StrCat("the warm interpreter of local rank ", key);
+    };
     bool closed = false;
     for (const std::string& line : ReadControlLines(w.process.control_fd(), &slot.buffer, &closed)) {
       if (absl::StartsWith(line, "ready ")) {
@@ -615,37 +658,30 @@ void WarmPool::Poll() {
           slot.learned_done += sent.names;
         }
       } else if (absl::StartsWith(line, "failed ")) {
-        disabled_reason_ = absl::StrCat("the warm interpreter of local rank ", lr, " could not import ",
-                                        line.substr(7));
+        disabled_reason_ = absl::StrCat(whose(), " could not import ", line.substr(7));
       }
     }
     if (auto st = w.process.Poll(); st.has_value() || closed) {
       if (disabled_reason_.empty()) {
-        disabled_reason_ = absl::StrCat("the warm interpreter of local rank ", lr, " ended before its job (",
+        disabled_reason_ = absl::StrCat(whose(), " ended before its job (",
                                         st.has_value() ? st->Describe() : "closed its control socket", ")");
       }
-      CloseFork(&slot);
-      w.process.Terminate(0);
-      slot.warm.reset();
+      Drop(&slot);
     }
   }
   if (disabled()) {
-    for (auto& [lr, slot] : slots_) {
-      CloseFork(&slot);
-      if (slot.warm.has_value()) slot.warm->process.Terminate(0);
-      slot.warm.reset();
-    }
+    for (auto& [key, slot] : slots_) Drop(&slot);
   }
 }
 
 bool WarmPool::ready(int lr) const {
-  auto it = slots_.find(lr);
+  auto it = slots_.find(SlotOf(lr));
   return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0 &&
          it->second.unanswered.empty();
 }
 
 bool WarmPool::hints_ready(int lr) const {
-  auto it = slots_.find(lr);
+  auto it = slots_.find(SlotOf(lr));
   return it != slots_.end() && it->second.warm.has_value() && it->second.warm->ready_at_s > 0 &&
          it->second.hints_done;
 }
@@ -653,49 +689,58 @@ bool WarmPool::hints_ready(int lr) const {
 std::optional<WarmProcess> WarmPool::Take(int lr, const std::map<std::string, std::string>& env,
                                           std::string* why_not) {
   Poll();
-  auto it = slots_.find(lr);
+  auto it = slots_.find(SlotOf(lr));
   if (disabled()) {
     *why_not = disabled_reason_;
     return std::nullopt;
   }
   if (it == slots_.end() || !it->second.warm.has_value()) {
-    *why_not = "no warm interpreter was ready";
+    *why_not = it != slots_.end() && !it->second.handed_to.empty()
+                   ? absl::StrCat("the node's warm interpreter was handed to ", it->second.handed_to,
+                                  " itself (it could not fork)")
+                   : "no warm interpreter was ready";
     return std::nullopt;
   }
   Slot& slot = it->second;
   std::string diff = FirstDifference(slot.env, env);
   if (!diff.empty()) {
     *why_not = absl::StrCat("the environment the interpreter started with differs (", diff, ")");
-    CloseFork(&slot);
-    slot.warm->process.Terminate(0);
-    slot.warm.reset();
+    Drop(&slot);
     return std::nullopt;
   }
   TakenState state;
   state.local_rank = lr;
-  state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
   state.modules = absl::StrJoin(options_.modules, ", ");
-  state.imported = slot.warm->ready_at_s > 0;
-  state.hints_done = slot.hints_done;
   state.hints = options_.hints.size();
-  state.learned_done = slot.learned_done;
-  state.learned_sent = slot.preload_sent;
   std::optional<WarmProcess> out;
-  RequestFork(lr, &slot);
-  if (slot.fork.has_value()) {
+  RequestFork(lr);
+  if (forks_.count(lr) != 0) {
     std::string why;
-    std::optional<Subprocess> copy = CollectFork(&slot, &why);
+    std::optional<Subprocess> copy = CollectFork(lr, &why);
     if (copy.has_value()) {
       state.forked = true;
       out = WarmProcess{*std::move(copy), slot.warm->ready_at_s, MonotonicSeconds()};
-    } else {
+    } else if (slot.warm.has_value()) {
       // Handed out itself below; the next start gets a new one (Prepare).
-      spdlog::warn("the warm interpreter of local rank {} (pid {}) could not fork for the worker: {}; handing "
+      spdlog::warn("the warm interpreter (pid {}) could not fork for the worker of local rank {}: {}; handing "
                    "it out itself",
-                   lr, slot.warm->process.pid(), why);
+                   slot.warm->process.pid(), lr, why);
+    } else {
+      *why_not = why;
+      return std::nullopt;
     }
   }
+  // The interpreter's (it stays after a fork; a fork that worked came from it).
+  state.age_s = MonotonicSeconds() - slot.warm->spawned_at_s;
+  state.imported = slot.warm->ready_at_s > 0;
+  state.hints_done = slot.hints_done;
+  state.learned_done = slot.learned_done;
+  state.learned_sent = slot.preload_sent;
   if (!out.has_value()) {
+    if (fork_) {
+      CloseForks();  // asked of it for the other local ranks: they start cold
+      slot.handed_to = absl::StrCat("local rank ", lr);
+    }
     out = std::move(slot.warm);
     slot.warm.reset();
   }

@@ -1,13 +1,15 @@
 // Warm restart: pre-started worker interpreters. A restart spends most of
 // its time in a new interpreter (Python start, `import torch`, the script's
-// imports); a warm interpreter has done that before the restart comes. One is
-// kept per local rank: `python -u -c <bootstrap>` with the worker's
-// environment, which imports torch (and a user-named list of modules), says
-// "ready" on a control socket (fd 3) and waits there for its job. Given one,
-// it takes the round's environment, cwd and argv and runs the script with
-// runpy as __main__ (or the module, for -m), so the script sees what a cold
-// start gives it: sys.argv, __main__, __file__, sys.path[0], cwd, env, signal
-// handlers, stdin (inherited, as for a cold start).
+// imports); a warm interpreter has done that before the restart comes:
+// `python -u -c <bootstrap>` with the worker's environment, which imports
+// torch (and a user-named list of modules), says "ready" on a control socket
+// (fd 3) and waits there for its job. Given one, it takes the round's
+// environment, cwd and argv and runs the script with runpy as __main__ (or
+// the module, for -m), so the script sees what a cold start gives it:
+// sys.argv, __main__, __file__, sys.path[0], cwd, env, signal handlers,
+// stdin (inherited, as for a cold start). With forks (the default) one
+// interpreter per node serves every local rank; without them one is kept
+// per local rank and handed out.
 //
 // What the interpreter read at its start must not change. It starts with the
 // *interpreter environment* (WorkerGroup::InterpreterEnvironment: the user's
@@ -37,13 +39,17 @@
 // interpreter got, never waiting for a whole list. Take records what the
 // interpreter it hands out had (TakenState; the agent logs it).
 //
-// Forks (WarmOptions::fork, the default): a ready interpreter is not handed
-// out but forks a copy of itself for the worker (warm_pool.cc's bootstrap
-// says how the copy becomes the agent's child) and stays, preloading on: every
-// start, the second of two restarts 2 s apart as much as the first, gets an
-// interpreter with all it had imported, in ~30 ms. An interpreter not yet
-// ready (still importing torch) is handed out itself, as without forks, and
-// so is one whose fork fails (the log says why).
+// Forks (WarmOptions::fork, the default): the node's interpreter is not
+// handed out but forks a copy of itself for each worker (warm_pool.cc's
+// bootstrap says how the copy becomes the agent's child) and stays,
+// preloading on: every start, the second of two restarts 2 s apart as much
+// as the first, gets an interpreter with all it had imported, in ~30 ms a
+// worker. A job's first start forks it too: the forks wait for its `import
+// torch`, under way since the agent joined, so a node imports torch once,
+// not once per local rank, and keeps one interpreter waiting, not one per
+// local rank (each holds what torch and the preload take: hundreds of MB).
+// An interpreter whose fork fails is handed out itself to the worker that
+// asked (the log says why) and the node's other workers start cold.
 //
 // Threading: one thread (the agent's main loop), the same that forks the
 // workers (PR_SET_PDEATHSIG).
@@ -146,9 +152,9 @@ class WarmPool {
   // Learned modules go out in messages of at most this many names, each
   // answered when its names were tried: what TakenState counts.
   static constexpr size_t kPreloadChunk = 100;
-  // Asks the waiting interpreters of local ranks [0, n) that started with
-  // `env` and are ready to fork now, so the forks of a round are made
-  // side by side; Take collects them. Optional (Take asks when not asked).
+  // Asks for the forks of local ranks [0, n) (of interpreters that started
+  // with `env`) at once, so they are made while the first is collected;
+  // Take collects them. Optional (Take asks when not asked).
   void RequestForks(int n, const std::map<std::string, std::string>& env);
   // The waiting interpreter of `lr` (or a fork of it) when it started with
   // `env` (the new worker's interpreter environment), else nullopt with
@@ -171,6 +177,7 @@ class WarmPool {
  private:
   struct Slot {
     std::optional<WarmProcess> warm;
+    std::string handed_to;  // with forks: "local rank N", when it was handed out itself
     std::map<std::string, std::string> env;  // the interpreter environment it started with
     std::string buffer;                      // partial control-socket line
     size_t preload_sent = 0;                 // learned_[0, preload_sent) were sent to it
@@ -181,19 +188,26 @@ class WarmPool {
     std::deque<Sent> unanswered;  // preload messages not yet answered, in order
     bool hints_done = false;
     size_t learned_done = 0;
-    // A fork asked for (RequestForks) and not yet taken: the agent's ends
-    // of the copy's stdout and stderr pipes and control socket.
-    struct Fork {
-      int out = -1, err = -1, control = -1;
-    };
-    std::optional<Fork> fork;
   };
-  // Asks the slot's interpreter for a fork (when it is ready and forks are on).
-  void RequestFork(int lr, Slot* slot);
-  // Waits for the requested fork to say "forked <pid>": the copy, or
+  // A fork asked for (RequestForks) and not yet taken: the agent's ends of
+  // the copy's stdout and stderr pipes and control socket.
+  struct Fork {
+    int out = -1, err = -1, control = -1;
+    double asked_at_s = 0;
+  };
+  // The slot that serves local rank lr: the node's one interpreter with forks.
+  int SlotOf(int lr) const { return fork_ ? 0 : lr; }
+  // Asks lr's interpreter for a fork for lr (when forks are on; one still
+  // importing reads the request once its imports of WarmOptions::modules end).
+  void RequestFork(int lr);
+  // Waits for lr's requested fork to say "forked <pid>": the copy, or
   // nullopt with *why_not set (the request is dropped).
-  std::optional<Subprocess> CollectFork(Slot* slot, std::string* why_not);
-  static void CloseFork(Slot* slot);
+  std::optional<Subprocess> CollectFork(int lr, std::string* why_not);
+  void CloseFork(int lr);
+  // Every requested fork not yet taken (their interpreter is gone or handed out).
+  void CloseForks();
+  // Stops the slot's interpreter (and, with forks, drops the forks asked of it).
+  void Drop(Slot* slot);
   // Sends the learned modules the slot's interpreter has not been sent.
   void SendPreload(Slot* slot);
   // Sends one preload message.
@@ -201,6 +215,7 @@ class WarmPool {
 
   const WarmOptions options_;
   std::map<int, Slot> slots_;
+  std::map<int, Fork> forks_;  // by local rank
   std::vector<std::string> learned_;
   std::set<std::string> learned_set_;
   std::string disabled_reason_;

@@ -330,6 +330,62 @@ sys.exit(int(sys.argv[2]))
   EXPECT_NE(seen[0]["random"], seen[1]["random"]);  // reseeded in each fork
 }
 
+// With forks a node keeps one interpreter, whatever its local world size:
+// every local rank's worker is a fork of it, at a job's first start too (the
+// forks wait for its imports, under way since it was prepared), so the
+// node imports what the workers need once.
+TEST_F(WarmPoolTest, OneInterpreterForksEveryLocalRanksWorkerAtTheFirstStartToo) {
+  // Its import takes 1 s and leaves a line per importing process.
+  std::ofstream(dir_ / "slowimport.py") << "import os, time\ntime.sleep(1)\n"
+                                           "open(os.environ['IMPORTS'], 'a').write('%d\\n' % os.getpid())\n";
+  std::ofstream(dir_ / "rank.py") << "import json, os, sys\n"
+                                     "json.dump({'rank': os.environ['RANK'], 'slow': 'slowimport' in sys.modules, "
+                                     "'ppid': os.getppid()}, open(sys.argv[1] + os.environ['RANK'], 'w'))\n";
+  WarmPool pool = Pool({"json", "slowimport"});
+  const std::string imports = (dir_ / "imports.txt").string();
+  WorkerSpec spec;
+  spec.base_env = CurrentEnvironment();
+  spec.base_env["PYTHONPATH"] = dir_.string();
+  spec.base_env["IMPORTS"] = imports;
+  spec.warm = &pool;
+  for (int round_no = 1; round_no <= 2; ++round_no) {
+    const std::string out = (dir_ / absl::StrCat("r", round_no, "_")).string();
+    spec.argv = {kPython, "-u", (dir_ / "rank.py").string(), out};
+    spec.script_argv = {(dir_ / "rank.py").string(), out};
+    WorkerGroup group(spec);
+    // What WarmStarter::PrepareNow does: one Prepare per local rank.
+    for (int lr = 0; lr < 3; ++lr) ASSERT_TRUE(pool.Prepare(lr, group.InterpreterEnvironment()).ok());
+    if (round_no == 1) {
+      EXPECT_FALSE(pool.ready(0));  // still importing slowimport
+    }
+    RoundSpec round;
+    round.round = round_no;
+    round.local_world_size = 3;
+    round.world_size = 3;
+    ASSERT_TRUE(group.Start(round).ok());
+    EXPECT_EQ(group.start_summary(), "warm (3 of 3)");
+    std::vector<WarmPool::TakenState> taken = pool.TakeTakenStates();
+    ASSERT_EQ(taken.size(), 3u);
+    for (const WarmPool::TakenState& t : taken) {
+      EXPECT_TRUE(t.forked) << t.local_rank;
+      EXPECT_TRUE(t.imported) << t.local_rank;
+    }
+    EXPECT_TRUE(EndsWithAllSucceeded(group));
+    for (int rank = 0; rank < 3; ++rank) {
+      nlohmann::json j = ReadJson(out + std::to_string(rank));
+      ASSERT_FALSE(j.is_null()) << rank;
+      EXPECT_TRUE(j["slow"].get<bool>()) << rank;
+      EXPECT_EQ(j["ppid"], getpid()) << rank;
+    }
+    EXPECT_TRUE(pool.ready(2));  // the one interpreter serves every local rank
+  }
+  std::ifstream in(imports);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_EQ(lines, 1) << "one interpreter imported slowimport, for six workers";
+}
+
 // The agent sets BALLAST_CKPT_REPLICAS when a round starts (the replicas the
 // node holds then): that reaches a warm worker with its job, and the start
 // stays warm.

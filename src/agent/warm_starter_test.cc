@@ -263,7 +263,9 @@ TEST_F(WarmStarterTest, TheNextInterpretersStartWithTheWorkersWhenTheyWaitAtIdle
       continue;
     }
     FakeKv kv;
-    WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}, low});
+    // Without forks: the start takes the interpreter itself, and the next
+    // one is prepared. (With forks it stays; the next start forks it again.)
+    WarmPool pool(WarmOptions{"/usr/bin/python3", {"json"}, low, {}, /*fork=*/false});
     std::ofstream(dir_ / "train.py") << "import time\ntime.sleep(60)\n";
     WorkerGroup group(Spec(&pool, (dir_ / "train.py").string()));
     WarmStarter starter(&pool, &group, 1, Kv(&kv), [] { return std::string("node=test"); });

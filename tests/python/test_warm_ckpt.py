@@ -113,7 +113,7 @@ class WarmRestartWithCheckpoints(TestCase):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stdout[-6000:])
         self.assertNotIn("worker failed", p.stdout)
-        self.assertEqual(len(set(re.findall(r"warm restart off for this node: the warm interpreter of local rank 0 "
+        self.assertEqual(len(set(re.findall(r"warm restart off for this node: the node's warm interpreter "
                                             r"could not import no_such_module_for_ballast.* node=(\S+)", p.stdout))),
                          2, p.stdout[-6000:])
 
