@@ -702,7 +702,15 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
     TruncateFront(&reason);
     // A node the master lost already (its connection closed first) is gone
     // for good all the same: no re-join.
-    if (request.lost() && nodes_.Find(id) != nullptr) scheduler_lost_.emplace(id, reason);
+    if (request.lost() && nodes_.Find(id) != nullptr && scheduler_lost_.emplace(id, reason).second) {
+      // Journaled: a master restarted from the journal still refuses its agent.
+      v1::JournalRecord r;
+      v1::JournalNodeGone* g = r.mutable_scheduler_lost();
+      g->set_node_id(id.str());
+      g->set_state("dead");
+      g->set_reason(reason);
+      Record(std::move(r), /*sync=*/true);
+    }
     if (!nodes_.IsAlive(id)) return absl::OkStatus();  // idempotent
     LoseNodes({id}, request.lost() ? NodeState::kDead : NodeState::kLeft, reason, clock_->Now(), &lost);
   }

@@ -190,6 +190,7 @@ void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
     world_.members.push_back(MemberAssignment{NodeId(m.node_id()), m.group_rank(), m.local_world_size(), m.rank_offset(), m.host()});
   }
   for (const auto& [id, why] : st.excluded()) precheck_.excluded[NodeId(id)] = why;
+  for (const auto& [id, why] : st.scheduler_lost()) scheduler_lost_[NodeId(id)] = why;
   for (const auto& [id, t] : st.passed()) {
     precheck_.passed.insert(NodeId(id));
     if (t > 0) precheck_.best_times[NodeId(id)] = t;

@@ -172,6 +172,9 @@ void ApplyJournalRecord(const v1::JournalRecord& r, v1::MasterSnapshot* s, CkptC
     case v1::JournalRecord::kGoodput:
       *s->mutable_goodput() = r.goodput();
       break;
+    case v1::JournalRecord::kSchedulerLost:
+      (*s->mutable_scheduler_lost())[r.scheduler_lost().node_id()] = r.scheduler_lost().reason();
+      break;
     case v1::JournalRecord::KIND_NOT_SET:
       break;
   }

@@ -424,6 +424,31 @@ TEST_F(JournalRestartTest, NodeThatNeverReconnectsIsLostAfterTwoHeartbeatTimeout
   EXPECT_EQ(st.world_size(), 1);
 }
 
+// A node its scheduler reported gone (Ray, Slurm) may not join again; a
+// master restarted from the journal still refuses its agent, which may
+// outlive the notice and reconnect to the new master.
+TEST_F(JournalRestartTest, ANodeTheSchedulerLostIsStillRefusedAfterTheRestart) {
+  JobMasterOptions o = Options();
+  o.min_nodes = 1;
+  RunningJob(o);
+  v1::LeaveRequest lost;
+  lost.set_node_id("b");
+  lost.set_reason("its Ray node 8f3c died");
+  lost.set_lost(true);
+  ASSERT_TRUE(jm_->Leave(lost).ok());
+  Start(o);
+  Join("a");
+  v1::JoinRequest req;
+  req.mutable_node()->set_node_id("b");
+  req.mutable_node()->set_local_world_size(1);
+  req.mutable_node()->set_host("b.host");
+  auto again = jm_->Join(req);
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_THAT(again.status().message(), HasSubstr("node b is gone from the job (its Ray node 8f3c died)"));
+  Join("c");  // its replacement
+}
+
 TEST_F(JournalRestartTest, AMemberLostJustBeforeTheCrashComesBackAndIsLostAgain) {
   // The crash came between the record of b's loss and the round it made:
   // the journal's round still lists b. It must not be a member nobody waits
