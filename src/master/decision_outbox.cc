@@ -14,6 +14,7 @@ std::vector<NodeId> DecisionOutboxes::Nodes() const {
   std::vector<NodeId> ids;
   ids.reserve(outboxes_.size());
   for (const auto& [id, ob] : outboxes_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
   return ids;
 }
 
@@ -96,7 +97,7 @@ absl::StatusOr<DecisionOutboxes::Handle> DecisionOutboxes::Open(const NodeId& no
 absl::StatusOr<std::optional<v1::Decision>> DecisionOutboxes::Next(const Handle& handle, double timeout_s,
                                                                    absl::Mutex* mu) {
   Outbox& ob = *handle.outbox;
-  const absl::Time deadline = absl::Now() + absl::Seconds(std::max(timeout_s, 0.0));
+  std::optional<absl::Time> deadline;  // taken once there is something to wait for
   while (true) {
     if (shutdown_) return absl::UnavailableError("the job master is shutting down");
     if (ob.generation != handle.generation) {
@@ -108,9 +109,11 @@ absl::StatusOr<std::optional<v1::Decision>> DecisionOutboxes::Next(const Handle&
       ob.queue.pop_front();
       return std::optional<v1::Decision>(std::move(d));
     }
+    if (timeout_s <= 0) return std::optional<v1::Decision>();
     const absl::Time now = absl::Now();
-    if (now >= deadline) return std::optional<v1::Decision>();
-    ob.cv.WaitWithTimeout(mu, deadline - now);
+    if (!deadline.has_value()) deadline = now + absl::Seconds(timeout_s);
+    if (now >= *deadline) return std::optional<v1::Decision>();
+    ob.cv.WaitWithTimeout(mu, *deadline - now);
   }
 }
 
@@ -150,6 +153,7 @@ std::vector<NodeId> DecisionOutboxes::DisconnectedFor(double now, double grace_s
   for (const auto& [id, ob] : outboxes_) {
     if (ob->disconnected_since.has_value() && now - *ob->disconnected_since >= grace_s) ids.push_back(id);
   }
+  std::sort(ids.begin(), ids.end());
   return ids;
 }
 

@@ -46,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <set>
 #include <string>
 #include <utility>
@@ -207,6 +208,8 @@ class JobMaster {
   // Runs the waiter's `done` with CANCELLED unless it ran already.
   void CancelKvWait(uint64_t id);
   v1::JobStatus Status() const;
+  // Status().goodput() alone: no pass over the nodes.
+  v1::Goodput GoodputNow() const;
   // The journal's state when it moved past `seq` (its last_seq), else
   // nullopt (also without a journal): what a master kept outside its pod
   // mirrors (kubernetes/master_state.h).
@@ -308,6 +311,13 @@ class JobMaster {
     std::map<NodeId, double> step_times;  // the step times, for the status
   };
   StragglerTimes RoundStragglerTimes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current round's members that reported in it, and whether every
+  // member reports compute times (what RoundStragglerTimes compares).
+  struct RoundReports {
+    std::vector<std::pair<const NodeId*, const NodeRecord*>> current;
+    bool compute = false;
+  };
+  RoundReports CurrentRoundReports() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs a node once when it turns into a straggler (at most once a second);
   // with exclude_stragglers, excludes (and so replaces) one that stays a
   // straggler for kStragglerExcludeChecks checks in a row.
@@ -436,6 +446,13 @@ class JobMaster {
   int persist_errors_total_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_persist_error_ ABSL_GUARDED_BY(mu_);
   double stragglers_checked_at_ ABSL_GUARDED_BY(mu_) = -1e18;
+  // What a straggler check reads: bumped when a report changes a node's
+  // round or times, or the world is replaced.
+  uint64_t straggler_inputs_ ABSL_GUARDED_BY(mu_) = 0;
+  // The inputs of the last check, when it found no straggler: the next check
+  // of the same inputs finds none either and is skipped (each is a pass over
+  // every member; a simulated job ticks at every event).
+  std::optional<std::tuple<uint64_t, uint64_t, int64_t, size_t>> stragglers_none_at_ ABSL_GUARDED_BY(mu_);
   // Seconds each checkpoint save blocked a worker (from progress reports).
   Histogram ckpt_save_ ABSL_GUARDED_BY(mu_){{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   EventLog events_;  // its own lock (see event_log.h)

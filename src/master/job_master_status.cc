@@ -25,23 +25,28 @@ void JobMaster::FlushProgress(double now) const {
   if (state_ == JobState::kRunning) WorldProgress(now);
 }
 
-JobMaster::StragglerTimes JobMaster::RoundStragglerTimes() const {
+JobMaster::RoundReports JobMaster::CurrentRoundReports() const {
   // Compared among the current round's members only (a time from an older
   // round or another world size says nothing about this one).
-  // One pass to choose, then only the maps returned (this runs every second
-  // and for each status: four maps per call were most of its cost).
-  std::vector<std::pair<const NodeId*, const NodeRecord*>> current;
-  current.reserve(world_.members.size());
-  bool every_compute = !world_.members.empty();
+  RoundReports r;
+  r.current.reserve(world_.members.size());
+  r.compute = !world_.members.empty();
   for (const auto& m : world_.members) {
     const NodeRecord* rec = nodes_.Find(m.node_id);
     if (rec == nullptr || rec->progress_round != round_) {
-      every_compute = false;
+      r.compute = false;
       continue;
     }
-    current.emplace_back(&m.node_id, rec);
-    if (rec->last_compute_time_s <= 0) every_compute = false;
+    r.current.emplace_back(&m.node_id, rec);
+    if (rec->last_compute_time_s <= 0) r.compute = false;
   }
+  return r;
+}
+
+JobMaster::StragglerTimes JobMaster::RoundStragglerTimes() const {
+  // One pass to choose, then only the maps returned (this runs every second
+  // and for each status: four maps per call were most of its cost).
+  const auto [current, every_compute] = CurrentRoundReports();
   StragglerTimes out;
   out.compute = every_compute;
   for (const auto& [id, rec] : current) out.step_times.emplace(*id, rec->last_step_time_s);
@@ -56,8 +61,41 @@ JobMaster::StragglerTimes JobMaster::RoundStragglerTimes() const {
 void JobMaster::CheckStragglers(double now) {
   if (now - stragglers_checked_at_ < kStragglerCheckIntervalS) return;
   stragglers_checked_at_ = now;
+  const auto inputs = std::make_tuple(straggler_inputs_, nodes_.version(), round_.value(), world_.members.size());
+  if (stragglers_none_at_ == inputs) return;  // the same times as a check that found none
+  {
+    // The usual case, no straggler, without a map: the times, their median
+    // and the slowest (what FindStragglers decides from), then every
+    // compared node marked as no straggler, as the full check would.
+    const RoundReports reports = CurrentRoundReports();
+    std::vector<double> times;
+    times.reserve(reports.current.size());
+    for (const auto& [id, rec] : reports.current) {
+      const double t = reports.compute ? rec->last_compute_time_s : rec->last_step_time_s;
+      if (t > 0) times.push_back(t);
+    }
+    bool any = false;
+    if (options_.straggler_factor > 0 && times.size() >= 2) {
+      const double slowest = *std::max_element(times.begin(), times.end());
+      any = slowest > options_.straggler_factor * Median(std::move(times));
+    }
+    if (!any) {
+      for (const auto& [id, rec] : reports.current) {
+        NodeRecord* r = nodes_.Find(*id);
+        r->straggler = false;
+        r->straggler_checks = 0;
+      }
+      stragglers_none_at_ = inputs;
+      return;
+    }
+  }
   const StragglerTimes t = RoundStragglerTimes();
   const std::set<NodeId> stragglers = FindStragglers(t.times, options_.straggler_factor);
+  if (stragglers.empty()) {
+    stragglers_none_at_ = inputs;
+  } else {
+    stragglers_none_at_.reset();
+  }
   const char* what = t.compute ? "compute time per forward pass" : "step time";
   const NodeRecord* exclude = nullptr;
   std::string why;
@@ -101,6 +139,15 @@ void JobMaster::CheckStragglers(double now) {
   for (auto& [id, rec] : nodes_.mutable_alive()) rec.straggler_checks = 0;
   HandleFailure(r, exclude->spec.host, kStragglerExcludeChecks * kStragglerCheckIntervalS,
                 {exclude->spec.node_id});
+}
+
+v1::Goodput JobMaster::GoodputNow() const {
+  JobLock lock(&mu_);
+  const double now = clock_->Now();
+  FlushProgress(now);
+  v1::Goodput g;
+  status_view::FillGoodput(goodput_.Get(now), &g);
+  return g;
 }
 
 v1::JobStatus JobMaster::Status() const {

@@ -1185,6 +1185,40 @@ TEST_F(JobMasterTest, ComputeTimesFindARuntimeStragglerAndExcludeStragglersRepla
   EXPECT_TRUE(Last("b").has_excluded());
 }
 
+// A check that finds no straggler is not repeated while nothing it reads
+// changed; a node that turns slow afterwards is still found and, after three
+// checks in a row, replaced.
+TEST_F(JobMasterTest, ANodeThatTurnsSlowAfterQuietChecksIsStillFoundAndExcluded) {
+  JobMasterOptions o = Options(2, 3, 1, /*max_restarts=*/0);
+  o.straggler_factor = 2.0;
+  o.exclude_stragglers = true;
+  std::vector<std::string> excluded;
+  o.on_node_excluded = [&](const std::string& id, const std::string&) { excluded.push_back(id); };
+  Make(o);
+  Add("a");
+  Add("b");
+  Add("c");
+  Advance(0.5);
+  const int64_t round = jm_->Status().round();
+  ASSERT_EQ(round, 1);
+  auto progress = [&](const std::string& id, int64_t step, double step_time) {
+    v1::ProgressReport p = Progress(id, round, step);
+    p.set_step_time_s(step_time);
+    ASSERT_TRUE(jm_->ReportProgress(p).ok());
+  };
+  for (int64_t step = 1; step <= 5; ++step) {  // quiet checks, the same times, steps moving
+    for (const char* id : {"a", "b", "c"}) progress(id, step, 1.0);
+    Advance(1.0);
+  }
+  EXPECT_TRUE(excluded.empty());
+  progress("b", 6, 3.0);  // b turns slow
+  Advance(1.0);
+  Advance(1.0);
+  EXPECT_TRUE(excluded.empty()) << "not 3 checks in a row yet";
+  Advance(1.0);
+  EXPECT_THAT(excluded, ElementsAre("b"));
+}
+
 TEST_F(JobMasterTest, StatusShowsEachNodesLastStartAndWhereReplicasAre) {
   Make(Options(2, 2));
   Add("a");

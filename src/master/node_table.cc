@@ -42,6 +42,8 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
                              [&](const NodeRecord& r) { return r.spec.node_id == spec.node_id; }),
               gone_.end());
   NodeRecord& rec = alive_[spec.node_id];
+  index_[spec.node_id] = &rec;
+  ++version_;
   rec.spec = spec;
   rec.pid = pid;
   rec.state = NodeState::kWaiting;
@@ -52,13 +54,13 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
 }
 
 NodeRecord* NodeTable::Find(const NodeId& node_id) {
-  auto it = alive_.find(node_id);
-  return it == alive_.end() ? nullptr : &it->second;
+  auto it = index_.find(node_id);
+  return it == index_.end() ? nullptr : it->second;
 }
 
 const NodeRecord* NodeTable::Find(const NodeId& node_id) const {
-  auto it = alive_.find(node_id);
-  return it == alive_.end() ? nullptr : &it->second;
+  auto it = index_.find(node_id);
+  return it == index_.end() ? nullptr : it->second;
 }
 
 absl::Status NodeTable::Heartbeat(const NodeId& node_id) {
@@ -98,6 +100,8 @@ std::vector<NodeId> NodeTable::ExpireSilent() {
 bool NodeTable::Remove(const NodeId& node_id, NodeState state, const std::string& reason) {
   auto it = alive_.find(node_id);
   if (it == alive_.end()) return false;
+  index_.erase(it->first);  // node_id may be the record's own (moved below)
+  ++version_;
   NodeRecord rec = std::move(it->second);
   alive_.erase(it);
   rec.state = state;

@@ -74,6 +74,32 @@ TEST(NodeTable, LeftNodeIsRememberedAndRejoinRevivesIt) {
   EXPECT_THAT(t.gone(), IsEmpty());
 }
 
+// Find goes through a hash index beside the ordered table: it must follow
+// every join, removal and re-join.
+TEST(NodeTable, FindFollowsJoinsRemovalsAndRejoins) {
+  FakeClock clock;
+  NodeTable t(&clock, 5.0);
+  const uint64_t v0 = t.version();
+  t.Upsert(Node("a"), 1);
+  t.Upsert(Node("b"), 2);
+  EXPECT_EQ(t.version(), v0 + 2);
+  ASSERT_NE(t.Find("a"_node), nullptr);
+  EXPECT_EQ(t.Find("b"_node)->pid, 2);
+  t.Upsert(Node("b"), 3);  // a refresh: the same record, no new version
+  EXPECT_EQ(t.Find("b"_node)->pid, 3);
+  EXPECT_EQ(t.version(), v0 + 2);
+  ASSERT_TRUE(t.Remove("a"_node, NodeState::kDead, "heartbeat timeout"));
+  EXPECT_EQ(t.version(), v0 + 3);
+  EXPECT_EQ(t.Find("a"_node), nullptr);
+  EXPECT_FALSE(t.Heartbeat("a"_node).ok());
+  EXPECT_TRUE(t.Heartbeat("b"_node).ok());
+  t.Upsert(Node("a"), 4);
+  ASSERT_NE(t.Find("a"_node), nullptr);
+  EXPECT_EQ(t.Find("a"_node)->pid, 4);
+  EXPECT_EQ(&t.alive().at("a"_node), t.Find("a"_node));
+  EXPECT_EQ(t.alive().size(), 2u);
+}
+
 // SilentNodes skips its pass while the oldest heartbeat is in time: the bound
 // must follow joins, heartbeats, removals and a clock that steps back.
 TEST(NodeTable, SilentNodesMatchesAFullPassAsHeartbeatsMove) {

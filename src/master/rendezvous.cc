@@ -1,7 +1,8 @@
 #include "master/rendezvous.h"
 
 #include <algorithm>
-#include <set>
+
+#include "absl/container/flat_hash_set.h"
 
 namespace ballast::master {
 
@@ -20,18 +21,23 @@ const MemberAssignment* World::Find(const NodeId& node_id) const {
 Rendezvous::Rendezvous(RendezvousConfig config) : config_(config) {}
 
 bool Rendezvous::Join(const NodeSpec& node, double now) {
-  for (auto& e : entries_) {
-    if (e.spec.node_id == node.node_id) {
-      e.spec = node;
-      return false;
+  if (ids_.contains(node.node_id)) {
+    for (auto& e : entries_) {
+      if (e.spec.node_id == node.node_id) {
+        e.spec = node;
+        break;
+      }
     }
+    return false;
   }
+  ids_.insert(node.node_id);
   entries_.push_back(Entry{node, next_seq_++});
   last_join_time_ = now;
   return true;
 }
 
 bool Rendezvous::Remove(const NodeId& node_id) {
+  if (ids_.erase(node_id) == 0) return false;
   auto it = std::find_if(entries_.begin(), entries_.end(),
                          [&](const Entry& e) { return e.spec.node_id == node_id; });
   if (it == entries_.end()) return false;
@@ -39,10 +45,7 @@ bool Rendezvous::Remove(const NodeId& node_id) {
   return true;
 }
 
-bool Rendezvous::Contains(const NodeId& node_id) const {
-  return std::any_of(entries_.begin(), entries_.end(),
-                     [&](const Entry& e) { return e.spec.node_id == node_id; });
-}
+bool Rendezvous::Contains(const NodeId& node_id) const { return ids_.contains(node_id); }
 
 int Rendezvous::RoundedNodes(int n) const {
   int capped = std::min(n, config_.max_nodes);
@@ -96,7 +99,7 @@ std::vector<NodeId> Rendezvous::JoinOrder() const {
 std::optional<World> Rendezvous::Form() const { return FormImpl(OrderedEntries()); }
 
 std::optional<World> Rendezvous::FormFrom(const std::vector<NodeId>& candidates) const {
-  const std::set<NodeId> wanted(candidates.begin(), candidates.end());
+  const absl::flat_hash_set<NodeId> wanted(candidates.begin(), candidates.end());
   std::vector<const Entry*> chosen;
   for (const Entry* e : OrderedEntries()) {
     if (wanted.count(e->spec.node_id) > 0) chosen.push_back(e);
@@ -108,7 +111,8 @@ std::optional<World> Rendezvous::FormImpl(const std::vector<const Entry*>& order
   int n = RoundedNodes(static_cast<int>(ordered.size()));
   if (n == 0) return std::nullopt;
   World world;
-  std::set<NodeId> members;
+  absl::flat_hash_set<NodeId> members;
+  members.reserve(n);
   int offset = 0;
   for (int i = 0; i < n; ++i) {
     const NodeSpec& s = ordered[i]->spec;

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/ids.h"
 
 namespace ballast::master {
@@ -131,6 +132,7 @@ class Rendezvous {
 
   RendezvousConfig config_;
   std::vector<Entry> entries_;  // in join order
+  absl::flat_hash_set<NodeId> ids_;  // entries_' node ids: a join is O(1), not a pass over every entry
   uint64_t next_seq_ = 0;
   double last_join_time_ = 0;
 };

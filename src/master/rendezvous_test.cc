@@ -171,6 +171,20 @@ TEST(Rendezvous, RemoveDropsParticipant) {
   EXPECT_EQ(r.UsableNodes(), 0);
 }
 
+TEST(Rendezvous, ANodeRemovedAndJoiningAgainIsLastInJoinOrder) {
+  Rendezvous r({1, 3, 1, 0.0});
+  EXPECT_TRUE(r.Join(Node("a"), 0));
+  EXPECT_TRUE(r.Join(Node("b"), 0));
+  EXPECT_TRUE(r.Remove("a"_node));
+  EXPECT_FALSE(r.Contains("a"_node));
+  EXPECT_TRUE(r.Join(Node("a"), 1));  // new again: the last call restarts
+  EXPECT_TRUE(r.Contains("a"_node));
+  EXPECT_FALSE(r.Join(Node("a"), 2));
+  EXPECT_EQ(r.last_join_time(), 1);
+  EXPECT_THAT(r.JoinOrder(), ElementsAre("b"_node, "a"_node));
+  EXPECT_EQ(r.size(), 2);
+}
+
 TEST(Rendezvous, FormFromRestrictsMembersToCandidates) {
   Rendezvous r({2, 4, 1, 0.0});
   r.Join(Node("a"), 0);

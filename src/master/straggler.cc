@@ -1,18 +1,25 @@
 #include "master/straggler.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 namespace ballast::master {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t n = v.size();
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(n / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  // For an even count the other middle one is the largest below it.
+  return n % 2 == 1 ? *mid : (*std::max_element(v.begin(), mid) + *mid) / 2;
+}
 
 double MedianStepTime(const std::map<NodeId, double>& step_times) {
   std::vector<double> v;
   for (const auto& [node, t] : step_times)
     if (t > 0) v.push_back(t);
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return Median(std::move(v));
 }
 
 std::set<NodeId> FindStragglers(const std::map<NodeId, double>& step_times, double factor) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/ids.h"
 
@@ -15,6 +16,9 @@ namespace ballast::master {
 // The median of the positive values (the mean of the two middle ones for an
 // even count); 0 when there is none.
 double MedianStepTime(const std::map<NodeId, double>& step_times);
+// The median of `values` (the mean of the two middle ones for an even
+// count); 0 when empty. O(n): no sort.
+double Median(std::vector<double> values);
 
 // The nodes whose step time exceeds factor x the median of the positive step
 // times. Empty with fewer than 2 positive step times (one node has nothing to

@@ -22,6 +22,14 @@ TEST(MedianStepTime, OddEvenAndUnknownValues) {
   EXPECT_DOUBLE_EQ(MedianStepTime(T({})), 0.0);
 }
 
+TEST(Median, MatchesASortedMiddleForOddAndEvenCounts) {
+  EXPECT_DOUBLE_EQ(Median({}), 0.0);
+  EXPECT_DOUBLE_EQ(Median({5.0}), 5.0);
+  EXPECT_DOUBLE_EQ(Median({4.0, 1.0, 3.0, 2.0}), 2.5);
+  EXPECT_DOUBLE_EQ(Median({9.0, 1.0, 9.0, 1.0, 5.0}), 5.0);
+  EXPECT_DOUBLE_EQ(Median({2.0, 2.0, 7.0, 1.0, 8.0, 3.0}), 2.5);
+}
+
 TEST(FindStragglers, FlagsNodesSlowerThanFactorTimesMedian) {
   std::map<NodeId, double> t = T({{"a", 1.0}, {"b", 1.1}, {"c", 0.9}, {"d", 2.5}});
   // median 1.05, limit 2.1

@@ -1,14 +1,17 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
-#include <chrono>
+#include <ctime>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <queue>
 #include <random>
 #include <set>
+#include <thread>
+#include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,6 +29,13 @@ namespace {
 using master::JobMaster;
 
 constexpr double kEpsilon = 1e-3;  // a tick just after a timer is due
+
+// CPU seconds of the calling thread (each policy runs on its own).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // The scheduler seam, simulated: a launched node's agent joins after the
 // launch delay (0 for the first nodes, the replacement time after that).
@@ -129,6 +139,13 @@ class PolicyRun {
     q_.push(Ev{t, seq_++, kind, std::move(node), round, index});
   }
   double Now() const { return clock_.Now() - t0_; }
+  Agent& AgentOf(const std::string& id) {
+    auto it = agent_index_.find(id);
+    if (it != agent_index_.end()) return *it->second;
+    Agent& a = agents_[id];
+    agent_index_.emplace(id, &a);
+    return a;
+  }
   // The world's step at time t (0: none this round), and when it was reached.
   int64_t WorldStep(double t) const {
     if (!train_.on || t < train_.t_first) return 0;
@@ -170,14 +187,17 @@ class PolicyRun {
   std::unique_ptr<JobMaster> jm_;
   SimScheduler sched_;
   std::unique_ptr<scheduler::NodeManager> manager_;
-  std::map<std::string, Agent> agents_;
+  std::map<std::string, Agent> agents_;  // in id order (the order the master's decisions are drained in)
+  absl::flat_hash_map<std::string, Agent*> agent_index_;  // agents_ by hash (AgentOf)
   std::map<int64_t, std::vector<std::string>> members_;  // round -> its members
   std::map<int64_t, size_t> up_;  // round -> its alive agents whose workers are up (Change)
   std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> q_;
   uint64_t seq_ = 0;
   std::set<double> tick_times_;
   uint64_t drained_at_ = 0;    // JobMaster::decisions_pushed() at the last drain
-  double refreshed_at_ = -1;   // when the agents last heartbeat and reported
+  double refreshed_at_ = -1;   // when the agents last reported
+  double heartbeats_at_ = -1e18;  // when they last heartbeat
+  std::tuple<int64_t, double, int64_t> reported_{-1, 0, -1};  // the training (round, start) and step last reported
   Training train_;
   int64_t high_water_ = 0;     // the highest step completed
   bool started_once_ = false;  // a world trained before (later starts are restarts)
@@ -200,9 +220,14 @@ void PolicyRun::Heartbeats() {
 void PolicyRun::ReportProgress(double t) {
   const int64_t s = WorldStep(t);
   if (s <= 0) return;
+  // The same step of the same round again: every field would be as the
+  // master has it already (the step's age is kept as when it was reached).
+  const auto now_at = std::make_tuple(train_.round, train_.t_first, s);
+  if (reported_ == now_at) return;
+  reported_ = now_at;
   const double stall = static_cast<double>(s - train_.s0 + 1) * stall_per_step_;
   for (const std::string& id : members_[train_.round]) {
-    const Agent& a = agents_[id];
+    const Agent& a = AgentOf(id);
     if (!a.alive) continue;
     v1::ProgressReport r;
     r.set_node_id(id);
@@ -221,7 +246,7 @@ void PolicyRun::ReportProgress(double t) {
 }
 
 void PolicyRun::OnStartRound(const v1::StartRound& s, const std::string& id, double t) {
-  Agent& a = agents_[id];
+  Agent& a = AgentOf(id);
   if (s.round() <= a.round) return;
   StopTraining(t);  // the workers of the old round stop
   latest_round_ = std::max(latest_round_, s.round());
@@ -274,7 +299,7 @@ void PolicyRun::Handle(const Ev& e) {
   const double t = e.t;
   switch (e.kind) {
     case Kind::kJoin: {
-      Agent& a = agents_[e.node];
+      Agent& a = AgentOf(e.node);
       if (!a.alive) return;
       v1::JoinRequest req;
       req.mutable_node()->set_node_id(e.node);
@@ -291,7 +316,7 @@ void PolicyRun::Handle(const Ev& e) {
       break;
     }
     case Kind::kWorkersUp: {
-      Agent& a = agents_[e.node];
+      Agent& a = AgentOf(e.node);
       if (!a.alive || a.round != e.round) return;
       Change(a, [](Agent& x) { x.up = true; });
       MaybeStartTraining(e.round, t);
@@ -302,7 +327,7 @@ void PolicyRun::Handle(const Ev& e) {
       // The fault hits a node of the world (of the alive ones when no round runs).
       std::vector<std::string> pool;
       for (const auto& id : members_[train_.on ? train_.round : latest_round_]) {
-        if (agents_[id].alive) pool.push_back(id);
+        if (AgentOf(id).alive) pool.push_back(id);
       }
       if (pool.empty()) return;
       const std::string id = pool[std::min(pool.size() - 1, static_cast<size_t>(f.pick * static_cast<double>(pool.size())))];
@@ -310,16 +335,19 @@ void PolicyRun::Handle(const Ev& e) {
       last_fault_node_ = f.node_loss;
       if (f.node_loss) {
         ++result_.node_failures;
-        Change(agents_[id], [](Agent& x) { x.alive = false; });  // silent from now on: lost at the heartbeat timeout
+        v1::HeartbeatRequest hb;  // its last (see Go)
+        hb.set_node_id(id);
+        (void)jm_->Heartbeat(hb);
+        Change(AgentOf(id), [](Agent& x) { x.alive = false; });  // silent from now on: lost at the heartbeat timeout
         At(t + o_.heartbeat_timeout_s + kEpsilon, Kind::kTick);
       } else {
         ++result_.process_failures;
-        At(t + o_.detect_s, Kind::kReport, id, agents_[id].round);
+        At(t + o_.detect_s, Kind::kReport, id, AgentOf(id).round);
       }
       break;
     }
     case Kind::kReport: {
-      const Agent& a = agents_[e.node];
+      const Agent& a = AgentOf(e.node);
       if (!a.alive) return;
       v1::FailureReport r;
       r.set_node_id(e.node);
@@ -335,8 +363,8 @@ void PolicyRun::Handle(const Ev& e) {
       break;
     }
     case Kind::kSample: {
-      v1::JobStatus st = jm_->Status();
-      if (st.goodput().known()) result_.goodput_series.emplace_back(t / 3600.0, st.goodput().goodput());
+      const v1::Goodput g = jm_->GoodputNow();
+      if (g.known()) result_.goodput_series.emplace_back(t / 3600.0, g.goodput());
       break;
     }
     case Kind::kDone: {
@@ -355,7 +383,7 @@ void PolicyRun::Handle(const Ev& e) {
 }
 
 PolicyResult PolicyRun::Go() {
-  const auto cpu0 = std::chrono::steady_clock::now();
+  const double cpu0 = ThreadCpuSeconds();
   const Tunables& tun = Tunables::Get();
   master::JobMasterOptions jo;
   jo.job_id = absl::StrCat("sim-", PolicyName(policy_));
@@ -381,11 +409,11 @@ PolicyResult PolicyRun::Go() {
   jm_ = std::make_unique<JobMaster>(jo);
 
   sched_.on_launch = [this](const std::string& name) {
-    Change(agents_[name], [](Agent& x) { x = Agent(); });
+    Change(AgentOf(name), [](Agent& x) { x = Agent(); });
     At(Now() + (launching_initial_ ? 0.0 : replace_s_), Kind::kJoin, name);
     if (!launching_initial_) ++result_.replacements;
   };
-  sched_.on_release = [this](const std::string& name) { Change(agents_[name], [](Agent& x) { x.alive = false; }); };
+  sched_.on_release = [this](const std::string& name) { Change(AgentOf(name), [](Agent& x) { x.alive = false; }); };
   scheduler::NodeManagerOptions nmo;
   nmo.initial_nodes = nodes_ + spares_;
   nmo.max_replacements = 1 << 30;
@@ -408,9 +436,24 @@ PolicyResult PolicyRun::Go() {
     if (e.t > refreshed_at_) {  // what the agents would have sent by now (once per moment)
       refreshed_at_ = e.t;
       ReportProgress(e.t);
-      Heartbeats();
+      // Heartbeats only as often as the master needs them, not at every
+      // moment: before any tick that could find an alive node silent (the
+      // timeout less a margin; ticks come only at moments, after this). A
+      // node that is lost sends its last one at the fault (Handle), as an
+      // agent that heartbeats every second would have just before it: the
+      // master times it out when it would have.
+      if (e.t - heartbeats_at_ >= 0.75 * o_.heartbeat_timeout_s) {
+        heartbeats_at_ = e.t;
+        Heartbeats();
+      }
     }
     Handle(e);
+    // The rest of the moment's workers coming up: the master sees none of
+    // it, so one tick after all of them (a round's n nodes come up together).
+    while (e.kind == Kind::kWorkersUp && !q_.empty() && q_.top().t == e.t && q_.top().kind == Kind::kWorkersUp) {
+      Handle(q_.top());
+      q_.pop();
+    }
     jm_->Tick();
     Drain(e.t);
     manager_->Poll(finished_);
@@ -433,7 +476,7 @@ PolicyResult PolicyRun::Go() {
   result_.steps = g.high_water_step();
   const master::Histogram recovery = jm_->RecoveryHistogram();  // every resumed failure, not just the listed
   result_.mean_resume_s = recovery.count > 0 ? recovery.sum / static_cast<double>(recovery.count) : 0;
-  result_.sim_cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - cpu0).count();
+  result_.sim_cpu_s = ThreadCpuSeconds() - cpu0;
   return result_;
 }
 
@@ -517,7 +560,14 @@ SimResult Simulate(const SimOptions& o) {
   // scale, and not the simulation's output.
   const spdlog::level::level_enum level = spdlog::get_level();
   spdlog::set_level(spdlog::level::off);
-  for (Policy p : o.policies) r.policies.push_back(RunPolicy(o, p, r.faults));
+  // The policies are independent runs (each its own master and clock): one
+  // thread each, the results in the order asked.
+  r.policies.resize(o.policies.size());
+  std::vector<std::thread> runs;
+  for (size_t i = 0; i < o.policies.size(); ++i) {
+    runs.emplace_back([&, i] { r.policies[i] = RunPolicy(o, o.policies[i], r.faults); });
+  }
+  for (std::thread& t : runs) t.join();
   spdlog::set_level(level);
   return r;
 }

@@ -95,7 +95,7 @@ struct PolicyResult {
   double mean_resume_s = 0;   // failure decision -> next round's first step
   int64_t steps = 0;          // the highest step reached
   std::vector<std::pair<double, double>> goodput_series;  // (hours, goodput so far)
-  double sim_cpu_s = 0;
+  double sim_cpu_s = 0;       // CPU seconds of its run (the master's and the simulated agents')
 };
 
 struct SimResult {

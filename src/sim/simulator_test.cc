@@ -131,6 +131,28 @@ TEST(Simulator, ALostNodeWaitsForItsReplacementWithoutASpare) {
   EXPECT_GT(ballast.goodput, dlrover.goodput);
 }
 
+// The policies run on threads of their own: the same inputs give the same
+// results, in the order asked, run after run.
+TEST(Simulator, ThePoliciesGiveTheSameResultsRunAfterRun) {
+  SimOptions o;
+  o.gpus = 800;
+  o.days = 3;
+  o.spares = 1;
+  o.policies = {Policy::kBallast, Policy::kManual, Policy::kDlrover};
+  auto without_timing = [&](SimResult r) {
+    for (PolicyResult& p : r.policies) p.sim_cpu_s = 0;
+    return SimResultJson(o, r);
+  };
+  const SimResult first = Simulate(o);
+  ASSERT_EQ(first.policies.size(), 3u);
+  EXPECT_EQ(first.policies[0].policy, Policy::kBallast);
+  EXPECT_EQ(first.policies[1].policy, Policy::kManual);
+  EXPECT_EQ(first.policies[2].policy, Policy::kDlrover);
+  EXPECT_GT(first.policies[0].restarts, 0);
+  const std::string want = without_timing(first);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(without_timing(Simulate(o)), want);
+}
+
 TEST(Simulator, BadInputSaysWhatToFix) {
   SimOptions o;
   o.gpus = 12;
