@@ -14,8 +14,13 @@ measures:
 * t, the time of a step (between calls without a copy, per step);
 * M, the job's mean time between failures: a prior (``--mtbf``,
   ``BALLAST_MTBF_S``; default 1 h) counted as one failure, plus what the job
-  saw: M = (prior + job age) / (1 + restarts) (the job age from
+  saw: M = (W + job age) / (1 + restarts) (the job age from
   ``BALLAST_JOB_START``, the restarts from ``TORCHELASTIC_RESTART_COUNT``).
+  W is the prior until the job's first failure; after it, the prior weighs
+  no more time than the job has run (W = min(prior, age)), so that two
+  faults in three minutes say a failure every ~minute, not every ~20 (a 1 h
+  prior counted in full would outweigh the job's own evidence for hours).
+  Where the job's age is unknown (no ``BALLAST_JOB_START``), W is the prior.
 
 The interval T = sqrt(2 C M) - C (Daly's first order) minimizes C/T + T/(2M),
 the fraction lost to saves plus the expected rollback per failure; in steps
@@ -124,6 +129,7 @@ class SaveInterval:
         self._agree = agree if agree is not None else (lambda n: n)
         self._t0 = clock()
         self._age0 = float(job_age_s)
+        self._age_known = self._age0 > 0  # from BALLAST_JOB_START (or given)
         if log is None:  # one line per job: rank 0's
             log = (lambda msg: sys.stderr.write(msg + "\n")) if os.environ.get("RANK", "0") == "0" else (lambda msg: None)
         self._log = log
@@ -143,7 +149,10 @@ class SaveInterval:
     def mtbf_s(self):
         """The MTBF estimate now: the prior as one failure, plus the job's own."""
         age = self._age0 + (self._clock() - self._t0)
-        return (self.mtbf_prior_s + age) / (1 + self.restarts)
+        weight = self.mtbf_prior_s
+        if self.restarts > 0 and self._age_known:
+            weight = min(weight, age)  # the job's own failures outweigh the prior (module comment)
+        return (weight + age) / (1 + self.restarts)
 
     def cost(self):
         """(seconds a copied save costs, seconds per step), from the measurements; (0, 0) before any."""

@@ -91,6 +91,23 @@ class IntervalTest(unittest.TestCase):
         self.assertEqual(bounded.interval, 10)
         self.assertTrue(all(b - a <= 10 for a, b in zip(copied, copied[1:])), copied)
 
+    def test_the_jobs_own_failures_outweigh_a_long_prior(self):
+        # Two faults in the job's first three minutes: a failure a minute or
+        # so, whatever the 1 h prior said (it weighs as much time as the job ran).
+        flaky, _ = self.policy("auto", mtbf_s=3600, restarts=2, job_age_s=180)
+        self.assertAlmostEqual(flaky.mtbf_s(), (180 + 180) / 3)
+        # Before any failure, and after a long quiet run, the prior weighs in full.
+        self.assertAlmostEqual(self.policy("auto", mtbf_s=3600, restarts=0, job_age_s=180)[0].mtbf_s(), 3780)
+        self.assertAlmostEqual(self.policy("auto", mtbf_s=3600, restarts=1, job_age_s=86400)[0].mtbf_s(),
+                               (3600 + 86400) / 2)
+        # A job age nobody told (no BALLAST_JOB_START): only the prior to go by.
+        self.assertAlmostEqual(self.policy("auto", mtbf_s=3600, restarts=1, job_age_s=0)[0].mtbf_s(), 3600 / 2)
+        # ... and the interval follows: a save of 0.01 s and a step of 0.3 s
+        # copy every few steps, not every ~60 as the prior alone would say.
+        steady, c = self.policy("auto", mtbf_s=3600, restarts=2, job_age_s=180)
+        run_steps(steady, c, 100, 0.3, 0.01)
+        self.assertLessEqual(steady.interval, 8, steady.interval)  # the prior in full: ~17
+
     def test_ranks_that_measure_differently_copy_the_same_steps(self):
         # Two ranks in lockstep (threads; agree is an all-reduce of the max
         # over a barrier), one whose saves cost 4x the other's: each would
