@@ -20,7 +20,7 @@ Each is also run without failures (--no-clean skips that). Not a test: the
 numbers go into notes and docs.
 
 usage: goodput_bench.py [--ballast build/bin/ballast] [--steps 500] [--step-time 0.36]
-                        [--state-mb 64] [--kill-every 60] [--nproc 2] [--json FILE]
+                        [--state-mb 64] [--kill-every 60] [--nproc 2] [--trials N] [--json FILE]
 issue 31's run (1 x 2, 64 MB, kills at steps 220 and 440 of 660):
        goodput_bench.py --steps 660 --step-time 0.3 --kill-every 66 --no-clean
 """
@@ -133,6 +133,8 @@ def main():
     p.add_argument("--systems", default="", help="run only the systems whose name contains one of these "
                                                   "comma-separated words (default: all)")
     p.add_argument("--no-clean", action="store_true", help="skip the failure-free runs")
+    p.add_argument("--trials", type=int, default=1,
+                   help="runs per row: the row shows the run of median goodput, and every run's goodput")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     compute = a.steps * a.step_time
@@ -163,8 +165,13 @@ def main():
                                                                           str(a.torch_every)]
         rows = {}
         for label, k in (("failures", kills),) + ((("clean", 0),) if not a.no_clean else ()):
-            r = run(cmd(), flags, a, k, env=env)
+            trials = sorted((run(cmd(), flags, a, k, env=env) for _ in range(max(1, a.trials))),
+                            key=lambda r: r["goodput"])
+            r = dict(trials[(len(trials) - 1) // 2], trials=[t["goodput"] for t in trials])  # the median run
             rows[label] = r
+            if len(trials) > 1:
+                print(f"{name:70s} {label:8s} {len(trials)} runs, goodput " +
+                      ", ".join(f"{t['goodput']:.3f}" for t in trials) + "; the median run:", flush=True)
             acc = f" (step log: {r['step_log_goodput']:.3f}" + (
                 "" if r["accountant_goodput"] is None else f", master's accountant: {r['accountant_goodput']:.3f}") + ")"
             print(f"{name:70s} {label:8s} goodput {r['goodput']:.3f}{acc}  wall {r['wall_s']:6.1f} s  kills {r['kills']}  "
