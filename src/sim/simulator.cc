@@ -209,9 +209,9 @@ class PolicyRun {
 };
 
 void PolicyRun::Heartbeats() {
+  v1::HeartbeatRequest hb;  // one message, its id's buffer reused
   for (auto& [id, a] : agents_) {
     if (!a.alive || !a.joined) continue;
-    v1::HeartbeatRequest hb;
     hb.set_node_id(id);
     (void)jm_->Heartbeat(hb);
   }
@@ -226,10 +226,10 @@ void PolicyRun::ReportProgress(double t) {
   if (reported_ == now_at) return;
   reported_ = now_at;
   const double stall = static_cast<double>(s - train_.s0 + 1) * stall_per_step_;
+  v1::ProgressReport r;  // the same for every member but its id (a buffer reused)
   for (const std::string& id : members_[train_.round]) {
     const Agent& a = AgentOf(id);
     if (!a.alive) continue;
-    v1::ProgressReport r;
     r.set_node_id(id);
     r.set_round(train_.round);
     r.set_step(s);
@@ -249,6 +249,14 @@ void PolicyRun::OnStartRound(const v1::StartRound& s, const std::string& id, dou
   Agent& a = AgentOf(id);
   if (s.round() <= a.round) return;
   StopTraining(t);  // the workers of the old round stop
+  if (s.round() > latest_round_) {
+    // The first member told of a new round: the rounds before the last
+    // trained and the last told are over (every member of them moved on or
+    // is gone); their member lists are n strings each, rounds x n in all.
+    const int64_t keep = std::min(train_.round, latest_round_);
+    members_.erase(members_.begin(), members_.lower_bound(keep));
+    up_.erase(up_.begin(), up_.lower_bound(keep));
+  }
   latest_round_ = std::max(latest_round_, s.round());
   Change(a, [&](Agent& x) {
     x.round = s.round();
@@ -325,12 +333,13 @@ void PolicyRun::Handle(const Ev& e) {
     case Kind::kFault: {
       const Fault& f = faults_[e.index];
       // The fault hits a node of the world (of the alive ones when no round runs).
-      std::vector<std::string> pool;
+      std::vector<const std::string*> pool;
       for (const auto& id : members_[train_.on ? train_.round : latest_round_]) {
-        if (AgentOf(id).alive) pool.push_back(id);
+        if (AgentOf(id).alive) pool.push_back(&id);
       }
       if (pool.empty()) return;
-      const std::string id = pool[std::min(pool.size() - 1, static_cast<size_t>(f.pick * static_cast<double>(pool.size())))];
+      const std::string id =
+          *pool[std::min(pool.size() - 1, static_cast<size_t>(f.pick * static_cast<double>(pool.size())))];
       StopTraining(t);
       last_fault_node_ = f.node_loss;
       if (f.node_loss) {
