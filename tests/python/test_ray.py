@@ -14,6 +14,8 @@ reports with the loss), each agent an actor on its own Ray node.
     Ray reports it dead, the job's replacement goes to the free third node, and
     every rank resumes the agreed step (the lost node's from its peer's replica):
     the final weights equal a fault-free run's, bit for bit;
+  - the same with a hot spare (--spares 1) waiting on a third node: it takes
+    the lost node's place in the next round;
   - a node removed with no Ray node free: the job goes on with MIN nodes; a node
     added later takes the pending replacement and the job scales back up, and
     every epoch's samples are trained exactly once (test_sampler_elastic's check);
@@ -160,6 +162,33 @@ class RayJobs(unittest.TestCase):
         first_after = min(e["t"] for e in events if e["ev"] == "weights" and e["round"] > 1)
         print(f"test_ray: node removed at step >= 8, training again {first_after - t_remove:.2f} s later",
               flush=True)
+
+    def test_2b_a_hot_spare_takes_a_lost_nodes_place(self):
+        # A third Ray node for the spare's agent (test_2's replacement took the last free one); after the
+        # removal two are left, as test_3 expects.
+        self.nodes.append(self.cluster.add_node(num_cpus=1, object_store_memory=STORE))
+        self.cluster.wait_for_nodes()
+        p, out = self.start_job("spare", "2", "--spares", "1", "--cpus-per-node", "1", step_time=0.3)
+        self.wait_step(out, 8, p)
+        victim = agent_ray_node(out, 1)
+        self.assertIsNotNone(victim, "no agent of node rank 1 runs")
+        self.assertIsNotNone(agent_ray_node(out, 2), "no spare's agent runs")
+        t_remove = time.time()
+        self.remove(victim)
+        rc, log, events, starts = self.finish(p, out)
+        self.assertEqual(rc, 0, log[-6000:])
+        # The waiting spare is in the next round at once: no new Ray node is needed for it.
+        self.assertIn("spare node node-2 takes the place of node node-1", log, log[-4000:])
+        resumed = [s for s in starts if s["round"] > 1]
+        self.assertEqual(len({s["rank"] for s in resumed}), 4, starts)
+        self.assertEqual(len({(s["step"], s["sha256"]) for s in resumed}), 1, "the ranks resumed different states")
+        self.assertGreaterEqual(resumed[0]["step"], 8, starts)
+        self.assertTrue(all(s["source"] in ("memory", "replica") for s in resumed), starts)
+        self.assertEqual((events[-1]["ev"], events[-1]["step"]), ("done", 24))
+        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
+        first_after = min(e["t"] for e in events if e["ev"] == "weights" and e["round"] > 1)
+        print(f"test_ray: node removed with a hot spare waiting, training again {first_after - t_remove:.2f} s "
+              "later", flush=True)
 
     def test_3_with_no_free_node_the_job_shrinks_and_grows_back(self):
         # Two Ray nodes are left, both taken by the job: a lost one cannot be replaced until one is added.
