@@ -94,6 +94,20 @@ class JobMasterTest : public ::testing::Test {
   }
 
   // Advances the fake clock in 0.5 s steps; live nodes heartbeat each step.
+  // Nodes a, b and c in round 1 of a job that excludes stragglers (2x the
+  // median); the nodes it excludes are appended to *excluded. The round.
+  int64_t StartStragglerJob(std::vector<std::string>* excluded) {
+    JobMasterOptions o = Options(2, 3, 1, /*max_restarts=*/0);
+    o.straggler_factor = 2.0;
+    o.exclude_stragglers = true;
+    o.on_node_excluded = [excluded](const std::string& id, const std::string&) { excluded->push_back(id); };
+    Make(o);
+    Add("a");
+    Add("b");
+    Add("c");
+    Advance(0.5);
+    return jm_->Status().round();
+  }
   void Advance(double seconds) {
     for (double t = 0; t < seconds - 1e-9; t += 0.5) {
       double step = std::min(0.5, seconds - t);
@@ -1138,17 +1152,8 @@ TEST_F(JobMasterTest, StatusFlagsNodesSlowerThanFactorTimesMedian) {
 // exclude_stragglers one that stays so for 3 checks is excluded; the others
 // restart without it, and no restart is used up.
 TEST_F(JobMasterTest, ComputeTimesFindARuntimeStragglerAndExcludeStragglersReplacesIt) {
-  JobMasterOptions o = Options(2, 3, 1, /*max_restarts=*/0);
-  o.straggler_factor = 2.0;
-  o.exclude_stragglers = true;
   std::vector<std::string> excluded;
-  o.on_node_excluded = [&](const std::string& id, const std::string&) { excluded.push_back(id); };
-  Make(o);
-  Add("a");
-  Add("b");
-  Add("c");
-  Advance(0.5);
-  const int64_t round = jm_->Status().round();
+  const int64_t round = StartStragglerJob(&excluded);
   ASSERT_EQ(round, 1);
   auto progress = [&](const std::string& id, double compute) {
     v1::ProgressReport p = Progress(id, round, 10);
@@ -1189,17 +1194,8 @@ TEST_F(JobMasterTest, ComputeTimesFindARuntimeStragglerAndExcludeStragglersRepla
 // changed; a node that turns slow afterwards is still found and, after three
 // checks in a row, replaced.
 TEST_F(JobMasterTest, ANodeThatTurnsSlowAfterQuietChecksIsStillFoundAndExcluded) {
-  JobMasterOptions o = Options(2, 3, 1, /*max_restarts=*/0);
-  o.straggler_factor = 2.0;
-  o.exclude_stragglers = true;
   std::vector<std::string> excluded;
-  o.on_node_excluded = [&](const std::string& id, const std::string&) { excluded.push_back(id); };
-  Make(o);
-  Add("a");
-  Add("b");
-  Add("c");
-  Advance(0.5);
-  const int64_t round = jm_->Status().round();
+  const int64_t round = StartStragglerJob(&excluded);
   ASSERT_EQ(round, 1);
   auto progress = [&](const std::string& id, int64_t step, double step_time) {
     v1::ProgressReport p = Progress(id, round, step);

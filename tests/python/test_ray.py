@@ -122,6 +122,18 @@ class RayJobs(unittest.TestCase):
             time.sleep(0.05)
         self.fail(f"the job did not reach step {step} within {timeout} s")
 
+    def assertResumedTogetherAsTheCleanRun(self, starts, events, at_least):
+        """Every rank of the later rounds resumed one state (step >= at_least) from memory or a peer's replica,
+        and the job ended with the clean run's weights; when training went on after the fault."""
+        resumed = [s for s in starts if s["round"] > 1]
+        self.assertEqual(len({s["rank"] for s in resumed}), 4, starts)
+        self.assertEqual(len({(s["step"], s["sha256"]) for s in resumed}), 1, "the ranks resumed different states")
+        self.assertGreaterEqual(resumed[0]["step"], at_least, starts)
+        self.assertTrue(all(s["source"] in ("memory", "replica") for s in resumed), starts)
+        self.assertEqual((events[-1]["ev"], events[-1]["step"]), ("done", 24))
+        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
+        return min(e["t"] for e in events if e["ev"] == "weights" and e["round"] > 1)
+
     def remove(self, node_id):
         """Removes a Ray node without grace: its raylet and every process of it are killed."""
         node = next((n for n in self.nodes if n.node_id == node_id), None)
@@ -152,14 +164,7 @@ class RayJobs(unittest.TestCase):
         self.assertEqual(rc, 0, log[-6000:])
         self.assertIn("died (Ray's health check)", log)
         self.assertIn("1 node replacement(s)", log)
-        resumed = [s for s in starts if s["round"] > 1]
-        self.assertEqual(len({s["rank"] for s in resumed}), 4, starts)
-        self.assertEqual(len({(s["step"], s["sha256"]) for s in resumed}), 1, "the ranks resumed different states")
-        self.assertGreaterEqual(resumed[0]["step"], 8, starts)
-        self.assertTrue(all(s["source"] in ("memory", "replica") for s in resumed), starts)
-        self.assertEqual((events[-1]["ev"], events[-1]["step"]), ("done", 24))
-        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
-        first_after = min(e["t"] for e in events if e["ev"] == "weights" and e["round"] > 1)
+        first_after = self.assertResumedTogetherAsTheCleanRun(starts, events, at_least=8)
         print(f"test_ray: node removed at step >= 8, training again {first_after - t_remove:.2f} s later",
               flush=True)
 
@@ -179,14 +184,7 @@ class RayJobs(unittest.TestCase):
         self.assertEqual(rc, 0, log[-6000:])
         # The waiting spare is in the next round at once: no new Ray node is needed for it.
         self.assertIn("spare node node-2 takes the place of node node-1", log, log[-4000:])
-        resumed = [s for s in starts if s["round"] > 1]
-        self.assertEqual(len({s["rank"] for s in resumed}), 4, starts)
-        self.assertEqual(len({(s["step"], s["sha256"]) for s in resumed}), 1, "the ranks resumed different states")
-        self.assertGreaterEqual(resumed[0]["step"], 8, starts)
-        self.assertTrue(all(s["source"] in ("memory", "replica") for s in resumed), starts)
-        self.assertEqual((events[-1]["ev"], events[-1]["step"]), ("done", 24))
-        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
-        first_after = min(e["t"] for e in events if e["ev"] == "weights" and e["round"] > 1)
+        first_after = self.assertResumedTogetherAsTheCleanRun(starts, events, at_least=8)
         print(f"test_ray: node removed with a hot spare waiting, training again {first_after - t_remove:.2f} s "
               "later", flush=True)
 
