@@ -258,12 +258,10 @@ const char* const JobMaster::kAwaitingCheckReason =
     "(--network-check)";
 
 void JobMaster::Push(const NodeId& node_id, v1::Decision d) {
-  if (!spdlog::should_log(spdlog::level::info)) {  // no line: no text (a round pushes one per node)
-    outboxes_.Push(node_id, std::move(d));
-    return;
-  }
-  const std::string what = DescribeDecision(d);
-  if (outboxes_.Push(node_id, std::move(d))) {
+  // No line, no text: a round pushes one per node.
+  const bool logged = spdlog::should_log(spdlog::level::info);
+  const std::string what = logged ? DescribeDecision(d) : std::string();
+  if (outboxes_.Push(node_id, std::move(d)) && logged) {
     spdlog::info("job={} node={} round={} decision={}", options_.job_id, node_id, round_, what);
   }
 }
@@ -315,7 +313,6 @@ void JobMaster::StartRound(const World& world, bool is_restart, const std::strin
   below_min_context_.clear();
   done_.clear();
   world_ = world;
-  ++straggler_inputs_;
   message_ = absl::StrCat("round ", round_.value(), ": ", why);
   spdlog::info("job={} round={} starts: {} nodes, world_size {}, restart_count {} ({})",
                options_.job_id, round_, world.num_nodes(), world.world_size, restart_count_, why);
@@ -432,7 +429,6 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
   below_min_since_ = now;
   below_min_context_ = context;
   world_ = World{};
-  ++straggler_inputs_;
   done_.clear();
   message_ = reason;
   RecordRound();  // before any agent stops its workers

@@ -46,9 +46,9 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <tuple>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -446,12 +446,13 @@ class JobMaster {
   int persist_errors_total_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_persist_error_ ABSL_GUARDED_BY(mu_);
   double stragglers_checked_at_ ABSL_GUARDED_BY(mu_) = -1e18;
-  // What a straggler check reads: bumped when a report changes a node's
-  // round or times, or the world is replaced.
+  // Bumped when a report changes a node's round or times.
   uint64_t straggler_inputs_ ABSL_GUARDED_BY(mu_) = 0;
-  // The inputs of the last check, when it found no straggler: the next check
-  // of the same inputs finds none either and is skipped (each is a pass over
-  // every member; a simulated job ticks at every event).
+  // What a straggler check read the last time it found none: (reports,
+  // nodes_.version(), round, the world's size; a new world comes with a new
+  // round, or is empty). The next check of the same inputs finds none either
+  // and is skipped (each is a pass over every member; a simulated job ticks
+  // at every event).
   std::optional<std::tuple<uint64_t, uint64_t, int64_t, size_t>> stragglers_none_at_ ABSL_GUARDED_BY(mu_);
   // Seconds each checkpoint save blocked a worker (from progress reports).
   Histogram ckpt_save_ ABSL_GUARDED_BY(mu_){{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};

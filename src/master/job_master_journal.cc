@@ -185,7 +185,6 @@ void JobMaster::RestoreRound(const v1::MasterSnapshot& st, double now) {
   skip_data_ = jr.skip_data();
   policy_.Restore(jr.decided_round(), {jr.restarts_by_kind().begin(), jr.restarts_by_kind().end()});
   world_ = World{};
-  ++straggler_inputs_;
   world_.world_size = jr.world_size();
   for (const auto& m : jr.members()) {
     world_.members.push_back(MemberAssignment{NodeId(m.node_id()), m.group_rank(), m.local_world_size(), m.rank_offset(), m.host()});

@@ -64,22 +64,18 @@ void JobMaster::CheckStragglers(double now) {
   const auto inputs = std::make_tuple(straggler_inputs_, nodes_.version(), round_.value(), world_.members.size());
   if (stragglers_none_at_ == inputs) return;  // the same times as a check that found none
   {
-    // The usual case, no straggler, without a map: the times, their median
-    // and the slowest (what FindStragglers decides from), then every
-    // compared node marked as no straggler, as the full check would.
+    // The usual case, no straggler, without a map: the slowest time against
+    // FindStragglers' limit, then every compared node marked as no
+    // straggler, as the full check would.
     const RoundReports reports = CurrentRoundReports();
     std::vector<double> times;
     times.reserve(reports.current.size());
     for (const auto& [id, rec] : reports.current) {
-      const double t = reports.compute ? rec->last_compute_time_s : rec->last_step_time_s;
-      if (t > 0) times.push_back(t);
+      times.push_back(reports.compute ? rec->last_compute_time_s : rec->last_step_time_s);
     }
-    bool any = false;
-    if (options_.straggler_factor > 0 && times.size() >= 2) {
-      const double slowest = *std::max_element(times.begin(), times.end());
-      any = slowest > options_.straggler_factor * Median(std::move(times));
-    }
-    if (!any) {
+    const double slowest = times.empty() ? 0 : *std::max_element(times.begin(), times.end());
+    const std::optional<double> limit = StragglerLimit(std::move(times), options_.straggler_factor);
+    if (!limit.has_value() || slowest <= *limit) {
       for (const auto& [id, rec] : reports.current) {
         NodeRecord* r = nodes_.Find(*id);
         r->straggler = false;

@@ -22,14 +22,21 @@ double MedianStepTime(const std::map<NodeId, double>& step_times) {
   return Median(std::move(v));
 }
 
+std::optional<double> StragglerLimit(std::vector<double> times, double factor) {
+  times.erase(std::remove_if(times.begin(), times.end(), [](double t) { return !(t > 0); }), times.end());
+  if (factor <= 0 || times.size() < 2) return std::nullopt;
+  return factor * Median(std::move(times));
+}
+
 std::set<NodeId> FindStragglers(const std::map<NodeId, double>& step_times, double factor) {
   std::set<NodeId> out;
-  if (factor <= 0) return out;
-  size_t reporting = std::count_if(step_times.begin(), step_times.end(), [](const auto& kv) { return kv.second > 0; });
-  if (reporting < 2) return out;
-  const double limit = factor * MedianStepTime(step_times);
+  std::vector<double> times;
+  times.reserve(step_times.size());
+  for (const auto& [node, t] : step_times) times.push_back(t);
+  const std::optional<double> limit = StragglerLimit(std::move(times), factor);
+  if (!limit.has_value()) return out;
   for (const auto& [node, t] : step_times)
-    if (t > limit) out.insert(node);
+    if (t > *limit) out.insert(node);
   return out;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,9 +21,12 @@ double MedianStepTime(const std::map<NodeId, double>& step_times);
 // count); 0 when empty. O(n): no sort.
 double Median(std::vector<double> values);
 
-// The nodes whose step time exceeds factor x the median of the positive step
-// times. Empty with fewer than 2 positive step times (one node has nothing to
-// be compared with) or factor <= 0.
+// The time a straggler's exceeds: factor x the median of the positive times
+// (0 = unknown, left out); nullopt with fewer than 2 positive times (one node
+// has nothing to be compared with) or factor <= 0.
+std::optional<double> StragglerLimit(std::vector<double> times, double factor);
+
+// The nodes whose step time exceeds StragglerLimit of them all.
 std::set<NodeId> FindStragglers(const std::map<NodeId, double>& step_times, double factor);
 
 }  // namespace ballast::master

@@ -1,8 +1,8 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
-#include <ctime>
 #include <cmath>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <queue>
