@@ -56,10 +56,22 @@ class ChaosDrills(HealthJob):
         starts = self.finished_like_the_clean_run(rc, log, events, clean)
         self.assertRegex(log, r"chaos: kill-agent:node=1,at_step=5 \(its workers at step \d+\): SIGKILL to this agent")
         self.assertEqual(len(starts), 2, starts)
-        # Node 0's own steps and its replicas of node 1's, which trail the
-        # steps by the replication lag: newer than the last persisted step (3).
-        self.assertEqual(starts[1]["source"], "memory")
-        self.assertGreaterEqual(starts[1]["step"], 3)
+        # The replacement seeds ranks 2 and 3 from node 0's replicas of them.
+        # The world resumes from the newest step every rank holds in memory
+        # (node 0's two newest steps, those replicas) when it is newer than the
+        # last persisted step (3 at least), else from that step. The replicas trail node
+        # 1's steps by the replication lag (a poll every 25 ms and a copy,
+        # against steps of ~20 ms here); on a loaded machine node 0 can be two
+        # steps past them, and the step on disk is then the newest step every
+        # rank can restore. Either way nothing persisted is lost, and the
+        # weights end as in the clean run (above).
+        copied = [int(s) for s in re.findall(r"rank [23] step (\d+) copied from the replica on node node-0", log)]
+        self.assertEqual(len(copied), 2, log[-12000:])
+        if starts[1]["source"] == "memory":
+            self.assertIn(starts[1]["step"], range(3, min(copied) + 1), (copied, log[-12000:]))
+        else:  # a persisted step (every third)
+            self.assertEqual(starts[1]["source"], "disk", log[-12000:])
+            self.assertTrue(starts[1]["step"] >= 3 and starts[1]["step"] % 3 == 0, (starts[1], log[-12000:]))
         self.assertRegex(log, r"the job responded:\n  [\d.]+ s, round 1: node-lost, node node-1 \(node rank 1\)")
 
     def test_the_master_killed_at_a_step_costs_no_worker_restart(self):
