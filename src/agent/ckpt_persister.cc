@@ -17,6 +17,7 @@
 #include "ckpt/persister.h"
 #include "ckpt/reader.h"
 #include "common/status_macros.h"
+#include "common/thread_priority.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -114,6 +115,7 @@ void CkptPersister::Stop() {
 }
 
 void CkptPersister::Loop(Store& store) {
+  LowerThisThreadForCopies(options_.copy_nice, "ckpt-persist");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
@@ -156,20 +158,24 @@ void CkptPersister::PollStoreLocked(Store& s) {
   if (requested > durable && requested != s.skipped_request &&
       !(requested == s.failed_step && now < s.retry_at)) {
     absl::StatusOr<ckpt::PinnedSlot> pin = s.slots->PinNewestAtMost(requested);
-    if (!pin.ok()) {
-      // Newer steps the worker did not ask to persist overwrote the request
-      // (two slots): persisting a newer step would leave a shard no other
-      // rank writes. Wait for the worker's next request.
+    // Newer steps the worker did not ask to persist overwrote the request
+    // (every other slot pinned): persisting a newer step would leave a shard
+    // no other rank writes. Wait for the worker's next request; the worker's
+    // wait() hears why instead of waiting for the step.
+    auto lost = [&](const std::string& why) {
       s.skipped_request = requested;
       spdlog::warn("checkpoint step {} can no longer be persisted ({}); waiting for the next persist request {}",
-                   requested, std::string(pin.status().message()), Keys(*cfg));
+                   requested, why, Keys(*cfg));
       s.slots->ReportPersistError(
           requested, absl::StrCat("step ", requested,
                                   " was overwritten in shared memory by newer saves before the agent could "
                                   "persist it; save with persist=True less often than every save, or wait() "
                                   "before the next save"));
-    } else if (pin->step() <= durable) {
-      s.skipped_request = requested;  // nothing newer than what is on disk
+    };
+    if (!pin.ok()) {
+      lost(std::string(pin.status().message()));
+    } else if (pin->step() <= durable) {  // older than requested: the request is gone
+      lost(absl::StrCat("the newest step held before it is ", pin->step(), ", already on disk"));
     } else {
       const uint64_t step = pin->step();
       absl::Status st = PersistLocked(s, *std::move(pin), *cfg);

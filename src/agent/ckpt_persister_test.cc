@@ -157,19 +157,40 @@ TEST_F(AgentCkptPersisterTest, NothingIsPersistedWithoutARequestOrConfig) {
   EXPECT_TRUE(master_.reports.empty());
 }
 
-TEST_F(AgentCkptPersisterTest, OverwrittenRequestIsSkippedUntilTheNextRequest) {
+TEST_F(AgentCkptPersisterTest, ARequestedStepSurvivesNewerSavesUntilItIsPersisted) {
+  // A slow persister: steps 2 and 3 (not requested) are saved before it
+  // polls. The requested step 1 keeps its slot; they share the other.
   Save(0, 1, true);
-  // Two slots: steps 2 and 3 (not requested) overwrite step 1 before any poll.
   Save(0, 2, false);
   Save(0, 3, false);
   persister_->PollOnce();
+  EXPECT_EQ(workers_[0]->durable_step(), 1u);
+  EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 1, 0)));
+}
+
+TEST_F(AgentCkptPersisterTest, ARequestOverwrittenWhileEveryOtherSlotIsPinnedIsReportedAndSkippedUntilTheNextRequest) {
+  Save(0, 1, true);
+  Save(0, 2, false);
+  Save(0, 3, false);
+  {
+    // Readers hold steps 2 and 3: step 4 can only go over the requested step 1.
+    auto reader2 = workers_[0]->PinStep(2);
+    auto reader3 = workers_[0]->PinStep(3);
+    ASSERT_TRUE(reader2.ok() && reader3.ok());
+    Save(0, 4, false);
+  }
+  persister_->PollOnce();
   EXPECT_EQ(workers_[0]->durable_step(), 0u);
   EXPECT_TRUE(ckpt::ListSteps(dir_).empty());
-  Save(0, 4, true);
+  auto err = workers_[0]->GetPersistError();
+  ASSERT_TRUE(err.has_value());  // the worker's wait() says why instead of waiting
+  EXPECT_EQ(err->step, 1u);
+  EXPECT_THAT(err->message, HasSubstr("was overwritten in shared memory by newer saves"));
+  Save(0, 5, true);
   persister_->PollOnce();
-  EXPECT_EQ(workers_[0]->durable_step(), 4u);
-  EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 4, 0)));
-  EXPECT_FALSE(fs::exists(ckpt::ShardPath(dir_, 3, 0)));
+  EXPECT_EQ(workers_[0]->durable_step(), 5u);
+  EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 5, 0)));
+  EXPECT_FALSE(fs::exists(ckpt::ShardPath(dir_, 4, 0)));
 }
 
 TEST_F(AgentCkptPersisterTest, AFailingDiskIsRetriedAFewTimesThenTheStepIsGivenUp) {

@@ -244,13 +244,21 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
   // committed ones first (empty or torn before committed, older commits
   // before newer; a slot already big enough before one that would have to
   // grow, so a writer that keeps one step never sizes a third slot), then the
-  // kept ones, oldest first (used only when all others are pinned).
+  // kept ones, oldest first and the pending persist request last (used only
+  // when all others are pinned).
+  // The step the worker asked the agent to persist and that is not durable
+  // yet is kept too: a persister still writing an older step (a slow disk)
+  // pins that one's slot, and overwriting the requested step would lose the
+  // request (the worker's wait() would wait for a step no longer there).
   struct Cand {
     int slot;
     uint64_t order;  // commit order; 0 = not committed
     bool kept = false;
     bool small = false;
+    bool pending = false;  // holds the pending persist request: kept, and overwritten last
   };
+  const uint64_t requested = block_->persist.request_step.load();
+  const bool request_pending = requested > block_->persist.durable_step.load();
   std::vector<Cand> cands;
   {
     std::lock_guard<std::mutex> lock(mu_);  // slot sizes
@@ -259,7 +267,8 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
       const uint64_t seq = c.seq.load(std::memory_order_acquire);
       const bool committed =
           seq % 2 == 0 && c.state.load() == static_cast<uint32_t>(SlotState::kCommitted);
-      cands.push_back({i, committed ? c.commit_order.load() : 0, false, slots_[i]->size() < image_bytes});
+      const bool pending = committed && request_pending && c.step.load() == requested;
+      cands.push_back({i, committed ? c.commit_order.load() : 0, pending, slots_[i]->size() < image_bytes, pending});
     }
   }
   std::vector<Cand*> by_order;
@@ -271,6 +280,7 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
   std::sort(cands.begin(), cands.end(), [&](const Cand& a, const Cand& b) {
     if (a.kept != b.kept) return !a.kept;
     if (!a.kept && a.small != b.small) return !a.small;
+    if (a.pending != b.pending) return !a.pending;
     return a.order < b.order;
   });
   // The slots this writer needs sized: the kept ones and the one it writes.

@@ -33,8 +33,11 @@
 //  5. Pins and the writer lock hold pids; a holder that died (kill(pid, 0) ==
 //     ESRCH) is cleared, so a crashed reader cannot block a slot forever.
 //  6. The image itself carries header/index/data checksums, verified on restore.
-// If every slot other than the kept newest committed ones (BeginSave's
-// keep_newest) is pinned, the writer overwrites a kept one, oldest first (the
+// The step the writer asked to persist is kept too until it is durable (a
+// persister still writing an older step pins that slot; a slow disk must not
+// lose the request). If every slot other than the kept ones (BeginSave's
+// keep_newest newest committed, the pending request) is pinned, the writer
+// overwrites a kept one, oldest first and the pending request last (the
 // pinned older step is still whole and being made durable) rather than wait.
 //
 // Thread safety: a SlotStore may be shared by threads of one process (a mutex

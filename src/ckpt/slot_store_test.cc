@@ -402,6 +402,41 @@ TEST(CkptSlotStore, ThreeSlotsKeepNewestWhileOlderIsPersisted) {
   }
 }
 
+TEST(CkptSlotStore, AStepAskedToPersistSurvivesNewerSavesWhileASlowPersisterWritesAnOlderOne) {
+  // A slow disk: the persister still writes step 3 (its slot pinned) when
+  // the worker asks for step 4 and saves 5, 6 and 7. Step 4 must still be
+  // there when the persister gets to it; the newest step is kept as well
+  // while a slot is free, and overwritten before the request when none is.
+  auto store = SlotStore::Create(UniqueShmName("pending"), StoreOpts(3));
+  ASSERT_TRUE(store.ok());
+  CheckpointWriter writer(store->get(), Opts(1));
+  StepState st(1, 100);
+  for (uint64_t step = 3; step <= 4; ++step) {
+    st.Fill(step);
+    ASSERT_TRUE(writer.Save(step, st.views).ok());
+  }
+  auto writing = (*store)->PinStep(3);
+  ASSERT_TRUE(writing.ok());
+  (*store)->RequestPersist(4);
+  for (uint64_t step = 5; step <= 7; ++step) {
+    st.Fill(step);
+    ASSERT_TRUE(writer.Save(step, st.views).ok());
+    auto held = (*store)->PinStep(4);
+    ASSERT_TRUE(held.ok()) << "step " << step << " overwrote the requested step 4: " << held.status();
+  }
+  auto newest = (*store)->PinLatest();
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->step(), 7u);
+  // Once durable it is an ordinary older step again.
+  writing->Release();
+  (*store)->MarkDurable(4);
+  for (uint64_t step = 8; step <= 9; ++step) {
+    st.Fill(step);
+    ASSERT_TRUE(writer.Save(step, st.views).ok());
+  }
+  EXPECT_FALSE((*store)->PinStep(4).ok());
+}
+
 TEST(CkptSlotStore, ABlockingSaverUsesTwoOfThreeSlotsAndAnOverlappedOneKeepsTwoSteps) {
   auto committed_steps = [](SlotStore* s) {
     std::vector<uint64_t> steps;
