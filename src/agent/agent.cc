@@ -232,6 +232,7 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   po.name_prefix = CkptStorePrefix(job_id, getpid());
   po.report_timeout_s = options_.tunables.ckpt_report_timeout_s;
   po.breakpoint_report_timeout_s = options_.tunables.ckpt_breakpoint_report_timeout_s;
+  po.copy_nice = options_.run.ckpt_copy_nice;
   if (disk_chaos_ != nullptr && disk_chaos_->armed()) {
     po.before_write = [d = disk_chaos_.get()](uint64_t step, const std::string& dir) {
       return d->BeforeWrite(step, dir);
@@ -260,6 +261,7 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   ro.token = options_.token;
   ro.store_prefix = po.name_prefix;
   ro.replicas = options_.run.ckpt_replicas;
+  ro.copy_nice = options_.run.ckpt_copy_nice;
   std::vector<ckpt::SlotStore*> stores;
   for (int lr = 0; lr < ckpt_->num_stores(); ++lr) stores.push_back(ckpt_->store(lr));
   auto replicas = ReplicaCoordinator::Start(
@@ -540,7 +542,19 @@ std::optional<int> Agent::HandleDecision(const v1::Decision& d) {
       return std::nullopt;
     case v1::Decision::kExcluded:
       // Non-zero: a scheduler (ballast launch, a pod restart) replaces the node.
-      StopWorkers("this node was excluded from the job");
+      if (const int64_t below = d.excluded().rollback_below(); below > 0) {
+        // The job rolls back: this node's newest steps are dropped (they may
+        // hold the corruption it was excluded for). Its newest step before
+        // them is the world's rollback target: written before the agent
+        // exits, and so before its replacement starts and looks for it.
+        StopWorkers("this node was excluded from the job", Breakpoint::kNone);
+        RewindCheckpoints(static_cast<uint64_t>(below));
+        if (ckpt_ != nullptr && !kill_now_.load()) {
+          ckpt_->BreakpointSave(absl::StrCat("this node was excluded; the job rolls back to a step before ", below));
+        }
+      } else {
+        StopWorkers("this node was excluded from the job");
+      }
       PrintError(absl::StrCat("this node was excluded from the job: ", d.excluded().reason(), " (", Fmt(), ")"));
       return 1;
     case v1::Decision::KIND_NOT_SET:

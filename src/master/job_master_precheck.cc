@@ -188,6 +188,7 @@ void JobMaster::ExcludeNode(const NodeId& node_id, const std::string& reason) {
   events_.Append("node_excluded", round_.value(), node_id.str(), reason);
   v1::Decision d;
   d.mutable_excluded()->set_reason(reason);
+  d.mutable_excluded()->set_rollback_below(rollback_below_);  // 0 unless a rollback is under way
   Push(node_id, std::move(d));
   if (options_.on_node_excluded) options_.on_node_excluded(node_id.str(), reason);
 }
