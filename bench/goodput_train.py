@@ -36,6 +36,9 @@ p.add_argument("--step-time", type=float, default=0.36)
 p.add_argument("--state-mb", type=int, default=64)
 p.add_argument("--persist-every", type=int, default=10)
 p.add_argument("--torch-every", type=int, default=10)
+p.add_argument("--cpu-work", type=int, default=0,
+               help="the step's compute is this many 256x256 matmuls on the CPU instead of --step-time's sleep (a "
+                    "fixed amount of work: the step time then shows what competes for the cores)")
 a = p.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -84,7 +87,12 @@ for step in range(start, a.steps):
     loss = ddp(x).square().mean()
     opt.zero_grad()
     loss.backward()
-    time.sleep(a.step_time)  # the accelerator's forward and backward
+    if a.cpu_work:
+        m = torch.full((256, 256), 1e-3)
+        for _ in range(a.cpu_work):
+            m = m @ m  # the forward and backward, on the CPU
+    else:
+        time.sleep(a.step_time)  # the accelerator's forward and backward
     opt.step()  # (guarded: waits for the previous overlapped save first)
     lo = (step * CHUNK) % big.numel()
     big[lo:lo + CHUNK] += 1.0  # the per-rank state changes every step

@@ -75,6 +75,9 @@ struct CkptPersisterOptions {
   int local_world_size = 1;
   // Store i is named "<name_prefix>-<i>" (see CkptStorePrefix).
   std::string name_prefix;
+  // The store threads' nice value (LowerThisThread; 0: the agent's): the
+  // writes yield the cores and the disk to training (--ckpt-copy-nice).
+  int copy_nice = 0;
   // How often the poll thread looks for persist requests.
   double poll_interval_s = 0.025;
   // Deadline of one report from the poll thread, and from a breakpoint save

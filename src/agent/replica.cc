@@ -17,6 +17,7 @@
 #include "ckpt/format.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "common/thread_priority.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::agent {
@@ -163,14 +164,17 @@ absl::Status ReceiveImage(int fd, ckpt::SlotStore* store, uint64_t step, uint64_
 // ---------------------------------------------------------------------------
 // Server.
 
-absl::StatusOr<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(std::string store_prefix, std::string token) {
+absl::StatusOr<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(std::string store_prefix, std::string token,
+                                                                    int copy_nice) {
   int port = 0;
   ASSIGN_OR_RETURN(int fd, ListenTcpAny(&port, "checkpoint replica listener"));
-  return std::unique_ptr<ReplicaServer>(new ReplicaServer(std::move(store_prefix), std::move(token), fd, port));
+  return std::unique_ptr<ReplicaServer>(
+      new ReplicaServer(std::move(store_prefix), std::move(token), fd, port, copy_nice));
 }
 
-ReplicaServer::ReplicaServer(std::string store_prefix, std::string token, int fd, int port)
-    : prefix_(std::move(store_prefix)), token_(std::move(token)), listen_fd_(fd), port_(port) {
+ReplicaServer::ReplicaServer(std::string store_prefix, std::string token, int fd, int port, int copy_nice)
+    : prefix_(std::move(store_prefix)), token_(std::move(token)), copy_nice_(copy_nice), listen_fd_(fd),
+      port_(port) {
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -291,6 +295,10 @@ void ReplicaServer::Serve(int fd) {
     return;
   }
   if (h.op == kOpPut) {
+    // A peer's copy yields the cores to this node's training; this thread
+    // serves this one put.
+    LowerThisThreadForCopies(copy_nice_, "replica-in");
+    last_put_nice_ = ThisThreadNice();
     std::mutex* rank_mu;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -312,6 +320,7 @@ void ReplicaServer::Serve(int fd) {
     absl::StatusOr<ckpt::PinnedSlot> pin = Pin(h.rank, h.step);
     (void)(pin.ok() ? SendReply(fd, absl::OkStatus(), pin->step(), pin->image_bytes()) : SendReply(fd, pin.status()));
   } else if (h.op == kOpGet) {
+    last_get_nice_ = ThisThreadNice();
     absl::StatusOr<ckpt::PinnedSlot> pin = Pin(h.rank, h.step);
     if (!pin.ok()) {
       (void)SendReply(fd, pin.status());
@@ -410,13 +419,14 @@ absl::StatusOr<uint64_t> FetchReplica(const std::string& addr, const std::string
 // Sender.
 
 ReplicaSender::ReplicaSender(std::string node_id, std::string token, std::vector<ckpt::SlotStore*> stores,
-                             KvSet kv_set, KvGet kv_get, double poll_interval_s)
+                             KvSet kv_set, KvGet kv_get, double poll_interval_s, int copy_nice)
     : node_id_(std::move(node_id)),
       token_(std::move(token)),
       stores_(std::move(stores)),
       kv_set_(std::move(kv_set)),
       kv_get_(std::move(kv_get)),
-      poll_interval_s_(poll_interval_s) {
+      poll_interval_s_(poll_interval_s),
+      copy_nice_(copy_nice) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -519,6 +529,7 @@ int ReplicaSender::PollOnce() {
 }
 
 void ReplicaSender::Loop() {
+  LowerThisThreadForCopies(copy_nice_, "replica-out");
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     // Wait first: SetPeers wakes it, and tests drive PollOnce alone.

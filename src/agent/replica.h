@@ -64,7 +64,10 @@ using ballast::ReplicaRecord;
 class ReplicaServer {
  public:
   // Listens on every address; stores are named "<store_prefix>-r<rank>".
-  static absl::StatusOr<std::unique_ptr<ReplicaServer>> Start(std::string store_prefix, std::string token);
+  // copy_nice: the nice value of the threads that take puts (LowerThisThread;
+  // 0: the agent's); a get, a restore on the critical path, keeps the agent's.
+  static absl::StatusOr<std::unique_ptr<ReplicaServer>> Start(std::string store_prefix, std::string token,
+                                                              int copy_nice = 0);
   ~ReplicaServer();
   ReplicaServer(const ReplicaServer&) = delete;
   ReplicaServer& operator=(const ReplicaServer&) = delete;
@@ -79,9 +82,13 @@ class ReplicaServer {
   int DiscardFrom(uint64_t below);
   // The step of `rank` held here (newest when step is 0); for tests.
   absl::StatusOr<ckpt::PinnedSlot> Pin(int rank, uint64_t step);
+  // The nice value the thread of the last put and of the last get ran at
+  // (-100: none yet); for tests.
+  int last_put_nice() const { return last_put_nice_.load(); }
+  int last_get_nice() const { return last_get_nice_.load(); }
 
  private:
-  ReplicaServer(std::string store_prefix, std::string token, int fd, int port);
+  ReplicaServer(std::string store_prefix, std::string token, int fd, int port, int copy_nice);
   void AcceptLoop();
   void Serve(int fd);
   // The store for a source rank, created on first use.
@@ -89,6 +96,9 @@ class ReplicaServer {
 
   const std::string prefix_;
   const std::string token_;
+  const int copy_nice_;
+  std::atomic<int> last_put_nice_{-100};
+  std::atomic<int> last_get_nice_{-100};
   const int listen_fd_;
   const int port_;
   std::atomic<bool> stop_{false};
@@ -129,8 +139,9 @@ class ReplicaSender {
   // stores: the agent's own stores by local rank (not owned; must outlive
   // the sender). kv_set records where replicas are; kv_get finds a peer's
   // data endpoint (ReplicaEndpointKey) when a ReplicaPeer has no addr.
+  // copy_nice: the sending thread's nice value (LowerThisThread; 0: the agent's).
   ReplicaSender(std::string node_id, std::string token, std::vector<ckpt::SlotStore*> stores, KvSet kv_set,
-                KvGet kv_get, double poll_interval_s = 0.025);
+                KvGet kv_get, double poll_interval_s = 0.025, int copy_nice = 0);
   ~ReplicaSender();
   ReplicaSender(const ReplicaSender&) = delete;
   ReplicaSender& operator=(const ReplicaSender&) = delete;
@@ -152,6 +163,7 @@ class ReplicaSender {
   const KvSet kv_set_;
   const KvGet kv_get_;
   const double poll_interval_s_;
+  const int copy_nice_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -18,7 +18,7 @@ ReplicaCoordinator::ReplicaCoordinator(ReplicaOptions options, std::vector<ckpt:
 absl::StatusOr<std::unique_ptr<ReplicaCoordinator>> ReplicaCoordinator::Start(
     ReplicaOptions options, std::vector<ckpt::SlotStore*> stores, KvSet kv_set, KvGet kv_get,
     std::function<std::string()> log_keys) {
-  auto server = ReplicaServer::Start(options.store_prefix, options.token);
+  auto server = ReplicaServer::Start(options.store_prefix, options.token, options.copy_nice);
   if (!server.ok()) return server.status();
   std::unique_ptr<ReplicaCoordinator> c(
       new ReplicaCoordinator(std::move(options), stores, kv_get, std::move(log_keys)));
@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<ReplicaCoordinator>> ReplicaCoordinator::Start(
     return absl::Status(s.code(), absl::StrCat("cannot publish the replica channel ", addr, ": ", s.message()));
   }
   c->sender_ = std::make_unique<ReplicaSender>(c->options_.node_id, c->options_.token, std::move(stores),
-                                               std::move(kv_set), std::move(kv_get));
+                                               std::move(kv_set), std::move(kv_get), /*poll_interval_s=*/0.025,
+                                               c->options_.copy_nice);
   return c;
 }
 

@@ -34,6 +34,7 @@ struct ReplicaOptions {
   std::string token;
   std::string store_prefix;  // the agent's store names' prefix (the held replicas' stores extend it)
   int replicas = 1;          // --ckpt-replicas K (> 0)
+  int copy_nice = 0;         // --ckpt-copy-nice: the sending thread's and the puts' nice value
   double fetch_timeout_s = 30;
 };
 

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "agent/fake_kv.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/test_util.h"
+#include "common/thread_priority.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -89,6 +91,20 @@ TEST(Replica, PutThenFetchIntoAnEmptyStoreIsAReplicaStepTheWorkerCanRestore) {
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(Replica, PutsAreTakenAtTheCopyNiceValueAndGetsAtTheAgents) {
+  const int base = ThisThreadNice();
+  auto server = ReplicaServer::Start(UniqueShmName("replica-nice"), "tok", /*copy_nice=*/13);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<uint8_t> image = ImageForStep(7);
+  ASSERT_TRUE(PutReplica(Addr(**server), "tok", 3, 4, 7, image.data(), image.size(), 5).ok());
+  EXPECT_EQ((*server)->last_put_nice(), std::max(base, 13));
+  // A restore is on the critical path: not lowered.
+  auto into = NewStore("replica-nice-into");
+  ASSERT_TRUE(FetchReplica(Addr(**server), "tok", 3, 7, into.get(), 5).ok());
+  EXPECT_EQ((*server)->last_get_nice(), base);
+  EXPECT_EQ(ThisThreadNice(), base);
 }
 
 TEST(Replica, HolderKeepsAtMostTwoStepsPerSourceRank) {

@@ -253,6 +253,15 @@ const std::map<std::string, FlagDef>& FlagTable() {
           if (o->ckpt_replicas < 0 || o->ckpt_replicas > 8) return FlagError(f, "must be 0..8 (0 turns replicas off)");
           return absl::OkStatus();
         }}},
+      {"--ckpt-copy-nice",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(o->ckpt_copy_nice, ParseInt(f, v));
+          if (o->ckpt_copy_nice < 0 || o->ckpt_copy_nice > 19) {
+            return FlagError(f, "must be a nice value 0..19 (0: the copies run at training's priority)");
+          }
+          return absl::OkStatus();
+        }}},
       {"--http-port",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
@@ -501,6 +510,10 @@ Workers:
   --ckpt-replicas K         copy each rank's newest flash checkpoint step to the
                             next K nodes' memory, so a replacement node restores
                             from a peer instead of disk [1; 0: off]
+  --ckpt-copy-nice N        nice value of the threads that persist checkpoints and
+                            copy replicas (and of their disk I/O): they yield the
+                            cores training needs and run at full speed on idle
+                            ones [10; 0: training's priority]
   --monitor-interval S      how often workers are checked [0.05]
   --on-nan MODE             a NaN/Inf loss reported with ballast.step(step, loss=):
                             rollback (every rank restarts from the newest checkpoint

@@ -71,6 +71,11 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
                  "Copy each rank's newest flash checkpoint step to the next K nodes' memory (0: off)")
       ->check(IntegerIn(0, 8, "a count from 0 to 8 (0: off)", "0..8"))
       ->capture_default_str();
+  app.add_option("--ckpt-copy-nice,--ckpt_copy_nice", f->ckpt_copy_nice,
+                 "Nice value of the threads that persist checkpoints and copy replicas (and of their disk I/O): they "
+                 "yield the cores training needs (0: training's priority)")
+      ->check(IntegerIn(0, 19, "a nice value from 0 to 19 (0: the copies run at training's priority)", "0..19"))
+      ->capture_default_str();
   app.add_flag("--no-warm-restart,--no_warm_restart", f->no_warm_restart,
                "Start every worker in a new interpreter (default: a warm one per local rank waits, torch and what "
                "the last workers imported already loaded)");
@@ -162,6 +167,7 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
   if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
   if (f.ckpt_replicas != 1) argv.insert(argv.end(), {"--ckpt-replicas", std::to_string(f.ckpt_replicas)});
+  if (f.ckpt_copy_nice != 10) argv.insert(argv.end(), {"--ckpt-copy-nice", std::to_string(f.ckpt_copy_nice)});
   if (!f.save_every.empty()) argv.insert(argv.end(), {"--save-every", f.save_every});
   if (!f.mtbf.empty()) argv.insert(argv.end(), {"--mtbf", f.mtbf});
   if (f.no_warm_restart) argv.push_back("--no-warm-restart");

@@ -49,6 +49,7 @@ struct JobFlags {
   std::string save_every;  // --save-every N|auto|auto:MAX ("" = the script's)
   std::string mtbf;        // --mtbf DURATION ("" = the default prior)
   int ckpt_replicas = 1;
+  int ckpt_copy_nice = 10;
   bool no_warm_restart = false;
   bool no_warm_fork = false;
   std::string warm_modules;  // --warm-modules a,b (as `ballast run`)

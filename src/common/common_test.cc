@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <algorithm>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "common/net.h"
 #include "common/node_range.h"
 #include "common/save_every.h"
+#include "common/thread_priority.h"
 #include "common/subprocess.h"
 #include "common/tunables.h"
 #include "gtest/gtest.h"
@@ -328,3 +330,24 @@ TEST(DeferLogs, LinesLoggedInsideAreWrittenWhenTheOutermostScopeEnds) {
 
 }  // namespace
 }  // namespace ballast
+
+TEST(LowerThisThread, NicesOnlyTheCallingThreadAndLowersItsIoNeverRaisesIt) {
+  const int base = ballast::ThisThreadNice();
+  int nice = -100, nicer_kept = -100, io_class = -1, io_level = -1;
+  std::thread t([&] {
+    ballast::NameThisThread("ckpt-test-thread-long-name");
+    ASSERT_TRUE(ballast::LowerThisThread(10).ok());
+    nice = ballast::ThisThreadNice();
+    io_class = ballast::ThisThreadIoPriority(&io_level);
+    ASSERT_TRUE(ballast::LowerThisThread(5).ok());  // a nicer thread stays as nice
+    nicer_kept = ballast::ThisThreadNice();
+  });
+  t.join();
+  EXPECT_EQ(nice, std::max(base, 10));
+  EXPECT_EQ(nicer_kept, nice);
+  EXPECT_EQ(io_class, 2);  // best effort
+  EXPECT_EQ(io_level, 7);  // its lowest level
+  EXPECT_EQ(ballast::ThisThreadNice(), base);  // the caller's other threads keep theirs
+  EXPECT_TRUE(ballast::LowerThisThread(0).ok());
+  EXPECT_EQ(ballast::ThisThreadNice(), base);
+}

@@ -14,11 +14,12 @@ same final weights.
 """
 
 import glob
+import json
 import os
 import subprocess
 import unittest
 
-from _util import TestCase, events
+from _util import TestCase, events, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
@@ -27,6 +28,39 @@ if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
 PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
 SCRIPT = os.path.join(HERE, "../integration/scripts/train_ckpt.py")
 WORLD, STEPS, KILL_STEP = 6, 10, 4
+
+
+def descendants(root):
+    """The pids of root's process tree below it (from /proc)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def threads(pid):
+    """{tid: (name, nice)} of a process's threads (gone ones left out)."""
+    got = {}
+    for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        got[int(tid)] = (name, int(stat.rsplit(")", 1)[1].split()[16]))  # field 19: nice
+    return got
 
 
 class PeerReplicas(TestCase):
@@ -42,6 +76,44 @@ class PeerReplicas(TestCase):
                            timeout=240)
         self.assertEqual(p.returncode, 0, p.stdout[-6000:])
         return p.stdout
+
+    def test_the_copy_threads_yield_the_cores_to_training(self):
+        # 2 nodes x 1 worker, every step saved, persisted and replicated: the
+        # agents' persist and replica threads run at --ckpt-copy-nice, the
+        # workers and the agents' other threads at the launcher's nice value.
+        out = os.path.join(self.tmp, "nice")
+        os.makedirs(out)
+        script = os.path.join(HERE, "../integration/scripts/health_train.py")
+        base = os.nice(0)
+        p = subprocess.Popen([BIN, "launch", "--python", PYTHON, "--nodes", "2", "--nproc-per-node", "1",
+                              "--ckpt-copy-nice", "12", script, "--out", out, "--steps", "150", "--step-time", "0.04",
+                              "--persist-every", "1"],
+                             env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        seen = {}  # thread name -> the nice values seen
+        try:
+            def sampled():
+                # The threads of the agents' whole lives (a put's thread on the
+                # receiving side lasts a millisecond: replica_test checks it),
+                # once the workers train.
+                training = os.path.exists(os.path.join(out, "events.jsonl"))
+                for pid in descendants(p.pid):
+                    for name, nice in threads(pid).values():
+                        seen.setdefault(name, set()).add(nice)
+                return training and {"ckpt-persist", "replica-out"} <= seen.keys()
+            wait_for("the copy threads of both agents", sampled, 60, interval=0.05)
+        finally:
+            log = p.communicate(timeout=180)[0]
+        self.assertEqual(p.returncode, 0, log[-6000:])
+        for name in ("ckpt-persist", "replica-out"):
+            self.assertEqual(seen[name], {max(base, 12)}, (name, seen))
+        # The launcher's, the master's and the agents' other threads, the workers'.
+        others = {name: nice for name, nice in seen.items() if name not in ("ckpt-persist", "replica-out",
+                                                                            "replica-in")}
+        self.assertEqual(set().union(*others.values()), {base}, seen)
+        with open(os.path.join(out, "events.jsonl")) as f:
+            done = [json.loads(line) for line in f if line.strip()][-1]
+        self.assertEqual((done["ev"], done["step"], done["latest"]), ("done", 150, 150), done)
 
     def final_hashes(self, out):
         return {r: events(out, r, "done")[-1]["sha256"] for r in range(WORLD) if events(out, r, "done")}
