@@ -240,15 +240,15 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
                                                 int keep_newest) {
   RETURN_IF_ERROR(AcquireWriter());
   keep_newest = std::clamp(keep_newest, 1, std::max(1, num_slots_ - 1));
-  // Rank candidates: slots that are not among the keep_newest newest
-  // committed ones first (empty or torn before committed, older commits
-  // before newer; a slot already big enough before one that would have to
-  // grow, so a writer that keeps one step never sizes a third slot), then the
-  // kept ones, oldest first and the pending persist request last (used only
-  // when all others are pinned).
-  // The step the worker asked the agent to persist and that is not durable
-  // yet is kept too: a persister still writing an older step (a slow disk)
-  // pins that one's slot, and overwriting the requested step would lose the
+  // Rank candidates: slots that are not kept first (empty or torn before
+  // committed, older commits before newer; a slot already big enough before
+  // one that would have to grow, so a writer that keeps one step sizes a
+  // third slot only while the persister pins or still needs an older one),
+  // then the kept ones, oldest first and the pending persist request last
+  // (used only when all others are pinned). Kept: the keep_newest newest
+  // committed slots, and the step the worker asked to persist while it is
+  // not durable: a persister still writing an older step (a slow disk) pins
+  // that one's slot, and overwriting the requested step would lose the
   // request (the worker's wait() would wait for a step no longer there).
   struct Cand {
     int slot;
