@@ -90,21 +90,25 @@ class PeerReplicas(TestCase):
                               "--persist-every", "1"],
                              env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
-        seen = {}  # thread name -> the nice values seen
+        last = {}  # (pid, tid) -> its (name, nice) when last seen
         try:
             def sampled():
                 # The threads of the agents' whole lives (a put's thread on the
                 # receiving side lasts a millisecond: replica_test checks it),
-                # once the workers train.
+                # once the workers train. A copy thread names itself, then
+                # lowers itself: its last look counts.
                 training = os.path.exists(os.path.join(out, "events.jsonl"))
                 for pid in descendants(p.pid):
-                    for name, nice in threads(pid).values():
-                        seen.setdefault(name, set()).add(nice)
-                return training and {"ckpt-persist", "replica-out"} <= seen.keys()
+                    for tid, got in threads(pid).items():
+                        last[(pid, tid)] = got
+                return training and {"ckpt-persist", "replica-out"} <= {name for name, _ in last.values()}
             wait_for("the copy threads of both agents", sampled, 60, interval=0.05)
         finally:
             log = p.communicate(timeout=180)[0]
         self.assertEqual(p.returncode, 0, log[-6000:])
+        seen = {}  # thread name -> the nice values of the threads of that name
+        for name, nice in last.values():
+            seen.setdefault(name, set()).add(nice)
         for name in ("ckpt-persist", "replica-out"):
             self.assertEqual(seen[name], {max(base, 12)}, (name, seen))
         # The launcher's, the master's and the agents' other threads, the workers'.
@@ -113,7 +117,9 @@ class PeerReplicas(TestCase):
         self.assertEqual(set().union(*others.values()), {base}, seen)
         with open(os.path.join(out, "events.jsonl")) as f:
             done = [json.loads(line) for line in f if line.strip()][-1]
-        self.assertEqual((done["ev"], done["step"], done["latest"]), ("done", 150, 150), done)
+        self.assertEqual((done["ev"], done["step"]), ("done", 150), done)
+        with open(os.path.join(out, "ckpt", "latest")) as f:  # every step asked was persisted by the end
+            self.assertEqual(f.read().strip(), "150")
 
     def final_hashes(self, out):
         return {r: events(out, r, "done")[-1]["sha256"] for r in range(WORLD) if events(out, r, "done")}
