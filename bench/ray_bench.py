@@ -42,13 +42,15 @@ Run (as root, from the repository root; every process of the cluster uses this i
     build/venv-ray/bin/python bench/ray_bench.py --systems ballast        # Ballast only
 
 Options: --trials N (3), --steps N (60), --faults node,worker, --systems ballast,raytrain,
---json FILE. One trial (5 jobs) takes about 7 minutes on a 2-core machine (Ballast's 2 jobs ~1 min,
+--ballast-flags '...' (more `ballast ray run` flags: '--spares 1 --cpus-per-node 1' makes the
+cluster's free third node a hot spare), --json FILE. One trial (5 jobs) takes about 7 minutes on a 2-core machine (Ballast's 2 jobs ~1 min,
 Ray Train's 3 ~6 min: a checkpoint reported every step costs it ~1.8 s), plus ~15 s to start the cluster. Not a test:
 numbers go into notes and docs.
 """
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -269,7 +271,8 @@ class Bench:
         log = open(os.path.join(out, "driver.log"), "w")
         me = os.path.abspath(__file__)
         if system == "ballast":
-            cmd = [BALLAST, "ray", "run", "--python", sys.executable, "--nodes", "2", "--nproc-per-node", "2"]
+            cmd = [BALLAST, "ray", "run", "--python", sys.executable, "--nodes", "2", "--nproc-per-node", "2",
+                   *shlex.split(self.args.ballast_flags)]
             if fault == "worker":
                 cmd += ["--chaos", f"kill-worker:rank=1,at_step={FAULT_STEP}"]
             cmd += [me, "--worker-ballast", "--out", out, "--steps", str(self.args.steps)]
@@ -393,6 +396,9 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--faults", default="node,worker")
     ap.add_argument("--systems", default="ballast,raytrain")
+    ap.add_argument("--ballast-flags", default="",
+                    help="more `ballast ray run` flags, e.g. '--spares 1 --cpus-per-node 1': the cluster's third "
+                         "node then waits as a hot spare (its agent and warm interpreter started)")
     ap.add_argument("--json", help="also write every run's metrics here")
     # Internal: this file is also the Ballast job's script and the Ray Train job's driver.
     ap.add_argument("--worker-ballast", action="store_true", help=argparse.SUPPRESS)
