@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/thread_priority.h"
 #include "common/tls.h"
 
 namespace ballast::agent {
@@ -59,7 +60,7 @@ struct RunOptions {
   std::optional<int> http_port;
   bool metrics_public = false;         // --metrics-public: /metrics without the token
   int ckpt_replicas = 1;               // --ckpt-replicas K: peer nodes holding each rank's newest step (replica.h)
-  int ckpt_copy_nice = 10;             // --ckpt-copy-nice N: persist and replica threads' nice value (thread_priority.h)
+  int ckpt_copy_nice = kDefaultCopyNice;  // --ckpt-copy-nice N: the copy threads' nice (thread_priority.h)
   std::vector<std::string> warm_modules;  // --warm-modules a,b: imported by warm interpreters besides torch
   std::string training_script;         // script, module, or program
   std::vector<std::string> training_args;

@@ -167,7 +167,9 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   if (!f.role.empty()) argv.insert(argv.end(), {"--role", f.role});
   if (f.hang_timeout_s > 0) argv.insert(argv.end(), {"--hang-timeout", absl::StrCat(f.hang_timeout_s)});
   if (f.ckpt_replicas != 1) argv.insert(argv.end(), {"--ckpt-replicas", std::to_string(f.ckpt_replicas)});
-  if (f.ckpt_copy_nice != 10) argv.insert(argv.end(), {"--ckpt-copy-nice", std::to_string(f.ckpt_copy_nice)});
+  if (f.ckpt_copy_nice != kDefaultCopyNice) {
+    argv.insert(argv.end(), {"--ckpt-copy-nice", std::to_string(f.ckpt_copy_nice)});
+  }
   if (!f.save_every.empty()) argv.insert(argv.end(), {"--save-every", f.save_every});
   if (!f.mtbf.empty()) argv.insert(argv.end(), {"--mtbf", f.mtbf});
   if (f.no_warm_restart) argv.push_back("--no-warm-restart");

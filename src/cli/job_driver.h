@@ -18,6 +18,7 @@
 #include "cli/health_flags.h"
 #include "cli/http_flags.h"
 #include "cli/tls_flags.h"
+#include "common/thread_priority.h"
 #include "cli/master_process.h"
 #include "master/master_server.h"
 #include "scheduler/local/local_scheduler.h"
@@ -49,7 +50,7 @@ struct JobFlags {
   std::string save_every;  // --save-every N|auto|auto:MAX ("" = the script's)
   std::string mtbf;        // --mtbf DURATION ("" = the default prior)
   int ckpt_replicas = 1;
-  int ckpt_copy_nice = 10;
+  int ckpt_copy_nice = kDefaultCopyNice;
   bool no_warm_restart = false;
   bool no_warm_fork = false;
   std::string warm_modules;  // --warm-modules a,b (as `ballast run`)

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +46,8 @@ void LowerThisThreadForCopies(int nice, const std::string& name) {
   if (absl::Status s = LowerThisThread(nice); !s.ok()) {
     static std::once_flag warned;
     std::call_once(warned, [&] {
-      spdlog::warn("checkpoint copies run at the agent's priority: {} (--ckpt-copy-nice {})", std::string(s.message()), nice);
+      spdlog::warn("checkpoint copies run at the agent's priority: {} (--ckpt-copy-nice {})", std::string(s.message()),
+                   nice);
     });
   }
 }

@@ -17,6 +17,9 @@
 
 namespace ballast {
 
+// --ckpt-copy-nice's default (ballast run, and the drivers that pass it on).
+inline constexpr int kDefaultCopyNice = 10;
+
 // The calling thread's name (at most 15 bytes, truncated), seen in
 // /proc/<pid>/task/<tid>/comm, top -H and perf.
 void NameThisThread(const std::string& name);
