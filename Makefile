@@ -8,7 +8,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries torch2 test-wheels ray ray-train wheel test unit integration kubernetes slurm demo install bench fuzz clean
+.PHONY: all deps configure build k8s-binaries torch2 downloads test-setup test-wheels ray ray-train wheel test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -53,6 +53,23 @@ test-wheels: build torch2
 ray: test-wheels
 	@scripts/ray-test-venvs.sh $(BUILD_DIR) >/dev/null
 
+# What the tests download, cached under versioned names (instant once cached):
+# the torch 2.x venvs for CPython 3.11 and 3.12, the Ray venv and the container
+# tests' Debian base (debootstrap). Mostly network and disk, so `make test`
+# runs it beside the C++ and Go builds, which take the cores.
+downloads:
+	@scripts/torch2-venv.sh >/dev/null
+	@scripts/torch2-venv.sh --python 3.12 >/dev/null
+	@scripts/ray-venv.sh >/dev/null
+	@scripts/container-base.sh >/dev/null
+
+# Everything `make test` needs before ctest. On a fresh machine the downloads
+# overlap the builds (make -j3 of the three groups); the wheels and the test
+# venvs come after both.
+test-setup: deps
+	@$(MAKE) --no-print-directory -j3 build k8s-binaries downloads
+	@$(MAKE) --no-print-directory test-wheels ray
+
 # Ray Train's side of bench/ray_bench.py (not needed by the tests).
 ray-train:
 	@scripts/ray-train-venv.sh
@@ -61,7 +78,7 @@ ray-train:
 wheel: deps
 	scripts/build-wheels.sh --out dist --work $(BUILD_DIR)/wheel-build --sdist
 
-test: build k8s-binaries torch2 test-wheels ray
+test: test-setup
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 unit: build torch2 test-wheels ray
