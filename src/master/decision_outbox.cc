@@ -8,7 +8,11 @@
 
 namespace ballast::master {
 
-void DecisionOutboxes::Add(const NodeId& node_id) { outboxes_[node_id] = std::make_shared<Outbox>(); }
+void DecisionOutboxes::Add(const NodeId& node_id) {
+  std::shared_ptr<Outbox>& ob = outboxes_[node_id];
+  if (ob != nullptr && ob->disconnected_since.has_value()) --disconnected_;
+  ob = std::make_shared<Outbox>();
+}
 
 std::vector<NodeId> DecisionOutboxes::Nodes() const {
   std::vector<NodeId> ids;
@@ -25,14 +29,20 @@ bool DecisionOutboxes::Push(const NodeId& node_id, v1::Decision d) {
   ++pushed_;
   // StopWorkers is a transition, not a state: a reconnecting agent needs the
   // Wait or StartRound that follows it, not the stop itself.
-  if (!d.has_stop_workers()) ob.current = d;
+  const bool state = !d.has_stop_workers();
   // Without an open stream there is nothing to queue: Open starts the next
-  // stream from `current`.
-  if (!ob.watcher_active) return true;
-  if (ob.sink != nullptr) {
-    ob.sink->Deliver(d);  // queues an asynchronous write
+  // stream from `current`. A decision is copied only when both the queue and
+  // `current` keep it (a round pushes one per node).
+  if (!ob.watcher_active) {
+    if (state) ob.current = std::move(d);
     return true;
   }
+  if (ob.sink != nullptr) {
+    ob.sink->Deliver(d);  // queues an asynchronous write
+    if (state) ob.current = std::move(d);
+    return true;
+  }
+  if (state) ob.current = d;
   ob.queue.push_back(std::move(d));
   ob.cv.SignalAll();
   return true;
@@ -58,6 +68,7 @@ void DecisionOutboxes::Remove(const NodeId& node_id, const std::string& reason) 
   ob.closed = true;
   ob.closed_reason = reason;
   EndStream(&ob, GoneStatus(node_id, ob));
+  if (ob.disconnected_since.has_value()) --disconnected_;
   outboxes_.erase(it);
 }
 
@@ -79,6 +90,7 @@ absl::StatusOr<DecisionOutboxes::Handle> DecisionOutboxes::Open(const NodeId& no
   EndStream(&ob, absl::CancelledError(absl::StrCat("replaced by a newer Watch for node ", node_id.str())));
   ++ob.generation;
   ob.watcher_active = true;
+  if (ob.disconnected_since.has_value()) --disconnected_;
   ob.disconnected_since.reset();
   ob.awaiting_reconnect = false;
   ob.final_sent = false;
@@ -127,7 +139,12 @@ void DecisionOutboxes::Close(const Handle& handle, double now) {
   ob.watcher_active = false;
   ob.queue.clear();
   ob.sink.reset();
-  if (!ob.closed) ob.disconnected_since = now;
+  if (!ob.closed) {
+    // Counted while it is the node's outbox (a re-join's Add replaced an older one).
+    auto it = outboxes_.find(handle.node_id);
+    if (!ob.disconnected_since.has_value() && it != outboxes_.end() && it->second.get() == &ob) ++disconnected_;
+    ob.disconnected_since = now;
+  }
 }
 
 void DecisionOutboxes::Shutdown() {
@@ -150,6 +167,7 @@ bool DecisionOutboxes::Disconnected(const NodeId& node_id) const {
 
 std::vector<NodeId> DecisionOutboxes::DisconnectedFor(double now, double grace_s) const {
   std::vector<NodeId> ids;
+  if (disconnected_ == 0) return ids;
   for (const auto& [id, ob] : outboxes_) {
     if (ob->disconnected_since.has_value() && now - *ob->disconnected_since >= grace_s) ids.push_back(id);
   }

@@ -95,6 +95,9 @@ class DecisionOutboxes {
   bool AllFinalSent() const;
   // Whether the node's last stream closed and no newer one opened.
   bool Disconnected(const NodeId& node_id) const;
+  // Whether any node is Disconnected(): O(1) (a failure report asks about
+  // every other member of the round).
+  bool AnyDisconnected() const { return disconnected_ > 0; }
   // Nodes disconnected for at least grace_s at `now`, in id order.
   std::vector<NodeId> DisconnectedFor(double now, double grace_s) const;
   // Decisions pushed so far (any node).
@@ -109,6 +112,7 @@ class DecisionOutboxes {
   // what lists nodes sorts them.
   absl::flat_hash_map<NodeId, std::shared_ptr<Outbox>> outboxes_;
   uint64_t pushed_ = 0;
+  size_t disconnected_ = 0;  // outboxes with disconnected_since set
   bool shutdown_ = false;
 };
 

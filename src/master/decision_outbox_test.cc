@@ -1,5 +1,6 @@
 #include "master/decision_outbox.h"
 
+#include <map>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -110,6 +111,40 @@ TEST(DecisionOutboxes, DisconnectionAndFinalDecisionsAreTracked) {
   ASSERT_TRUE(hb.ok());
   ob.MarkFinalSent(*hb);
   EXPECT_TRUE(ob.AllFinalSent());
+}
+
+// AnyDisconnected (a count kept as streams open and close and nodes come and
+// go) says what asking every node's Disconnected would.
+TEST(DecisionOutboxes, AnyDisconnectedFollowsEveryNode) {
+  DecisionOutboxes ob;
+  const std::vector<NodeId> ids = {NodeId("a"), NodeId("b"), NodeId("c")};
+  auto any = [&] {
+    for (const NodeId& id : ids) {
+      if (ob.Disconnected(id)) return true;
+    }
+    return false;
+  };
+  std::map<NodeId, DecisionOutboxes::Handle> handles;
+  bool replaced = false;
+  for (int step = 0; step < 300; ++step) {
+    const NodeId& id = ids[static_cast<size_t>(step * 7 % 3)];
+    switch (step * 13 % 5) {
+      case 0:
+        ob.Add(id);  // a fresh outbox (a re-join replaces the old one)
+        break;
+      case 1:
+      case 2:
+        if (auto h = ob.Open(id, nullptr, &replaced); h.ok()) handles[id] = *h;
+        break;
+      case 3:
+        if (handles.count(id) > 0) ob.Close(handles[id], static_cast<double>(step));
+        break;
+      case 4:
+        if (step % 3 == 0) ob.Remove(id, "lost");
+        break;
+    }
+    ASSERT_EQ(ob.AnyDisconnected(), any()) << "step " << step;
+  }
 }
 
 }  // namespace

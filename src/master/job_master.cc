@@ -353,7 +353,7 @@ v1::Decision JobMaster::MakeStartRound(const MemberAssignment& m, const World& w
   s->set_max_restarts(options_.max_restarts);
   s->set_run_id(options_.job_id);
   s->set_rollback_below(rollback_below_);
-  s->set_skip_data(skip_data_);
+  if (!skip_data_.empty()) s->set_skip_data(skip_data_);  // empty is the default: no string to allocate
   if (!options_.send_round_members) return d;
   auto add = [&](const MemberAssignment& other) {
     v1::RoundMember* rm = s->add_members();
@@ -439,10 +439,12 @@ void JobMaster::EnterBelowMin(const std::string& context, double now) {
     d.mutable_stop_workers()->set_reason(reason);
     Push(m.node_id, std::move(d));
   }
+  // The same text for every node (once, not a string per node).
+  const std::string wait = absl::StrCat(reason, "; ", RendezvousWaitReason(now));
   for (auto& [id, rec] : nodes_.mutable_alive()) {
     rec.state = NodeState::kWaiting;
     rec.group_rank = -1;
-    PushWait(id, absl::StrCat(reason, "; ", RendezvousWaitReason(now)));
+    PushWait(id, wait);
   }
 }
 
@@ -722,10 +724,20 @@ absl::Status JobMaster::Leave(const v1::LeaveRequest& request) {
 
 absl::Status JobMaster::Heartbeat(const v1::HeartbeatRequest& request) {
   JobLock lock(&mu_);
-  absl::Status s = nodes_.Heartbeat(NodeId(request.node_id()));
+  return HeartbeatLocked(NodeId(request.node_id()));
+}
+
+absl::Status JobMaster::Heartbeats(const std::vector<NodeId>& node_ids) {
+  JobLock lock(&mu_);
+  absl::Status first;
+  for (const NodeId& id : node_ids) first.Update(HeartbeatLocked(id));
+  return first;
+}
+
+absl::Status JobMaster::HeartbeatLocked(const NodeId& node_id) {
+  absl::Status s = nodes_.Heartbeat(node_id);
   if (!s.ok()) {
-    spdlog::warn("job={} node={} heartbeat refused: {}", options_.job_id, request.node_id(),
-                 std::string(s.message()));
+    spdlog::warn("job={} node={} heartbeat refused: {}", options_.job_id, node_id, std::string(s.message()));
   }
   return s;
 }
@@ -788,6 +800,7 @@ absl::Status JobMaster::ReportFailure(const v1::FailureReport& received) {
 }
 
 std::optional<NodeId> JobMaster::DisconnectedMember(const NodeId& except) const {
+  if (!outboxes_.AnyDisconnected()) return std::nullopt;  // the usual case, without a pass over the members
   for (const auto& m : world_.members) {
     if (m.node_id == except) continue;
     if (outboxes_.Disconnected(m.node_id)) return m.node_id;
@@ -1010,11 +1023,22 @@ absl::Status JobMaster::ReportWorkersDone(const v1::WorkersDoneRequest& request)
 
 absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report, v1::ProgressResponse* response) {
   JobLock lock(&mu_);
-  NodeRecord* rec = nodes_.Find(NodeId(report.node_id()));
+  return ReportProgressLocked(NodeId(report.node_id()), report, response);
+}
+
+absl::Status JobMaster::ReportProgressFrom(const std::vector<NodeId>& node_ids, const v1::ProgressReport& report) {
+  JobLock lock(&mu_);
+  absl::Status first;
+  for (const NodeId& id : node_ids) first.Update(ReportProgressLocked(id, report, nullptr));
+  return first;
+}
+
+absl::Status JobMaster::ReportProgressLocked(const NodeId& node_id, const v1::ProgressReport& report,
+                                             v1::ProgressResponse* response) {
+  NodeRecord* rec = nodes_.Find(node_id);
   if (rec == nullptr) {
-    spdlog::warn("job={} node={} progress report refused: unknown node", options_.job_id,
-                 report.node_id());
-    return absl::NotFoundError(absl::StrCat("unknown node ", report.node_id(), ": join again"));
+    spdlog::warn("job={} node={} progress report refused: unknown node", options_.job_id, node_id);
+    return absl::NotFoundError(absl::StrCat("unknown node ", node_id.str(), ": join again"));
   }
   // What an agent heard from this job's master before (this one, or the one
   // before a restart): the fingerprint checker's newest agreed step.
@@ -1033,12 +1057,12 @@ absl::Status JobMaster::ReportProgress(const v1::ProgressReport& report, v1::Pro
     // The agent retries; the job trains on, its newest durable step older.
     ++persist_errors_total_;
     const MemberAssignment* m = world_.Find(rec->spec.node_id);
-    last_persist_error_ = absl::StrCat("node ", report.node_id(), " (node rank ", m != nullptr ? m->group_rank : -1,
+    last_persist_error_ = absl::StrCat("node ", node_id.str(), " (node rank ", m != nullptr ? m->group_rank : -1,
                                        ", host ", rec->spec.host, ") ", e);
     spdlog::warn("job={} checkpoint write failed on {} (the agent retries; steps the other ranks wrote wait for it "
                  "to commit)",
                  options_.job_id, last_persist_error_);
-    events_.Append("persist_failed", report.round(), report.node_id(), e);
+    events_.Append("persist_failed", report.round(), node_id.str(), e);
   }
   // Progress of an older round is stale but harmless: keep the newest only.
   if (Round(report.round()) == round_) {

@@ -185,6 +185,13 @@ class JobMaster {
   absl::Status ReportWorkersDone(const v1::WorkersDoneRequest& request);
   // `response` (optional) gets what the agent passes on to its workers.
   absl::Status ReportProgress(const v1::ProgressReport& report, v1::ProgressResponse* response = nullptr);
+  // For a driver that speaks for many agents at once (`ballast simulate`),
+  // under one lock: Heartbeat from each node in turn, and ReportProgress of
+  // the same report from each (its node_id is the one in the list, not
+  // report.node_id()). Each node is handled as its own call would; the first
+  // error is returned, the other nodes are still handled.
+  absl::Status Heartbeats(const std::vector<NodeId>& node_ids);
+  absl::Status ReportProgressFrom(const std::vector<NodeId>& node_ids, const v1::ProgressReport& report);
   // Flash checkpoint: counts durable ranks per (dir, step). commit = true for
   // exactly one report per (dir, step), the one that completes world_size
   // ranks. kInvalidArgument for an empty dir, world_size < 1 or a rank
@@ -294,6 +301,9 @@ class JobMaster {
   }
   absl::Status CheckSpec(const v1::JobSpec& given) const;
   absl::Status CheckRound(const char* what, Round round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HeartbeatLocked(const NodeId& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReportProgressLocked(const NodeId& node_id, const v1::ProgressReport& report,
+                                    v1::ProgressResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the goodput accountant the world's step from the members' reports.
   void WorldProgress(double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Folds the progress reports since the last call into the world's step

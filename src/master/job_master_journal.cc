@@ -241,7 +241,7 @@ void JobMaster::RestoreNodes(const v1::MasterSnapshot& st, double now) {
     NodeRecord& rec = nodes_.Upsert(spec, n->pid());
     // Its agent retries every <= 2 s on a channel that itself backs off
     // <= 2 s: two heartbeat timeouts to come back.
-    rec.last_heartbeat = now + options_.heartbeat_timeout_s;
+    (void)nodes_.Heartbeat(id, now + options_.heartbeat_timeout_s);
     if (const MemberAssignment* m = world_.Find(id); m != nullptr && state_ == JobState::kRunning) {
       rec.state = done.count(id) > 0 ? NodeState::kDone : NodeState::kTraining;
       rec.group_rank = m->group_rank;

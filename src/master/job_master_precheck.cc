@@ -50,14 +50,18 @@ bool JobMaster::Admissible(const NodeId& node_id) const {
 }
 
 std::vector<NodeId> JobMaster::AdmissibleNodes() const {
+  std::vector<NodeId> ordered = rdzv_.OrderedIds();
+  if (!precheck_.enabled) return ordered;  // every one is admissible
   std::vector<NodeId> out;
-  for (const NodeSpec& spec : rdzv_.Ordered()) {
-    if (Admissible(spec.node_id)) out.push_back(spec.node_id);
+  for (NodeId& id : ordered) {
+    if (Admissible(id)) out.push_back(std::move(id));
   }
   return out;
 }
 
 int JobMaster::AdmissibleWorldNodes() const {
+  // Without the pre-flight check every participant is admissible: no list.
+  if (!precheck_.enabled) return rdzv_.UsableNodes();
   return rdzv_.RoundedNodes(static_cast<int>(AdmissibleNodes().size()));
 }
 

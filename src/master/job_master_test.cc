@@ -265,6 +265,61 @@ TEST_F(JobMasterTest, InitialRoundStartsAtMaxNodesWithRanks) {
   EXPECT_EQ(st.nodes(0).state(), "training");
 }
 
+// Heartbeats and ReportProgressFrom (one call for many nodes: ballast
+// simulate) leave the master as each node's own call does.
+TEST_F(JobMasterTest, BatchHeartbeatsAndProgressActAsEachNodesOwnCall) {
+  Make(Options(3, 3));
+  JobMaster batch(Options(3, 3));
+  for (const std::string id : {"a", "b", "c"}) {
+    Add(id);
+    v1::JoinRequest req;
+    req.mutable_node()->set_node_id(id);
+    req.mutable_node()->set_node_rank_hint(-1);
+    req.mutable_node()->set_local_world_size(1);
+    req.mutable_node()->set_host(id + ".host");
+    ASSERT_TRUE(batch.Join(req).ok());
+  }
+  const int64_t round = jm_->Status().round();
+  ASSERT_EQ(round, 1);
+  ASSERT_EQ(batch.Status().round(), 1);
+  const std::vector<NodeId> all = {"a"_node, "b"_node, "c"_node};
+  for (int step = 1; step <= 4; ++step) {
+    clock_.Advance(2.0);
+    v1::ProgressReport p = Progress("", round, step);
+    p.set_step_time_s(2.0);
+    p.set_step_age_s(0.5);
+    p.set_first_step_known(true);
+    p.set_first_step(1);
+    p.set_first_step_age_s(2.0 * step);
+    p.set_ckpt_saves(step);
+    p.set_ckpt_stall_sum_s(0.01 * step);
+    for (const NodeId& id : all) {
+      ASSERT_TRUE(jm_->Heartbeat(HeartbeatFor(id.str())).ok());
+      p.set_node_id(id.str());
+      ASSERT_TRUE(jm_->ReportProgress(p).ok());
+    }
+    ASSERT_TRUE(batch.Heartbeats(all).ok());
+    p.set_node_id("ignored");
+    ASSERT_TRUE(batch.ReportProgressFrom(all, p).ok());
+    jm_->Tick();
+    batch.Tick();
+    EXPECT_EQ(batch.Status().SerializeAsString(), jm_->Status().SerializeAsString()) << "step " << step;
+  }
+  // An unknown node is refused as its own call would be; the others are still heard.
+  clock_.Advance(4.0);
+  EXPECT_EQ(batch.Heartbeats({"a"_node, "zz"_node, "b"_node}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(batch.ReportProgressFrom({"zz"_node, "a"_node}, Progress("", round, 5)).code(),
+            absl::StatusCode::kNotFound);
+  clock_.Advance(2.0);
+  batch.Tick();
+  const v1::JobStatus st = batch.Status();
+  std::map<std::string, std::pair<std::string, int64_t>> nodes;
+  for (const auto& n : st.nodes()) nodes[n.node_id()] = {n.state(), n.last_step()};
+  EXPECT_EQ(nodes["c"].first, "dead");  // silent for 6 s
+  EXPECT_NE(nodes["a"].first, "dead");
+  EXPECT_NE(nodes["b"].first, "dead");
+}
+
 TEST_F(JobMasterTest, InitialRoundAtMinWaitsForLastCall) {
   Make(Options(2, 4));
   ASSERT_TRUE(Join("a").ok());

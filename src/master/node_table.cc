@@ -1,7 +1,7 @@
 #include "master/node_table.h"
 
 #include <algorithm>
-#include <limits>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,6 +26,19 @@ std::string_view NodeStateName(NodeState state) {
 NodeTable::NodeTable(ClockInterface* clock, double heartbeat_timeout_s)
     : clock_(clock), heartbeat_timeout_s_(heartbeat_timeout_s) {}
 
+void NodeTable::Place(const Slot& slot) {
+  const double at = slot.rec->last_heartbeat;
+  // From the newest back past every newer heartbeat (none, unless the clock
+  // stepped back), itself skipped.
+  auto pos = by_heartbeat_.end();
+  while (pos != by_heartbeat_.begin()) {
+    auto prev = std::prev(pos);
+    if (prev != slot.by_heartbeat && (*prev)->last_heartbeat <= at) break;
+    pos = prev;
+  }
+  by_heartbeat_.splice(pos, by_heartbeat_, slot.by_heartbeat);  // iterators stay valid
+}
+
 NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
   double now = clock_->Now();
   auto it = alive_.find(spec.node_id);
@@ -34,7 +47,7 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
     it->second.spec = spec;
     it->second.pid = pid;
     it->second.last_heartbeat = now;
-    oldest_heartbeat_ = std::min(oldest_heartbeat_, now);
+    Place(index_.at(spec.node_id));
     return it->second;
   }
   // Alive again: it is no longer one of the gone nodes.
@@ -42,52 +55,48 @@ NodeRecord& NodeTable::Upsert(const NodeSpec& spec, int64_t pid, bool* added) {
                              [&](const NodeRecord& r) { return r.spec.node_id == spec.node_id; }),
               gone_.end());
   NodeRecord& rec = alive_[spec.node_id];
-  index_[spec.node_id] = &rec;
   ++version_;
   rec.spec = spec;
   rec.pid = pid;
   rec.state = NodeState::kWaiting;
   rec.joined_at = now;
   rec.last_heartbeat = now;
-  oldest_heartbeat_ = std::min(oldest_heartbeat_, now);
+  const Slot& slot = index_[spec.node_id] = Slot{&rec, by_heartbeat_.insert(by_heartbeat_.end(), &rec)};
+  Place(slot);
   return rec;
 }
 
 NodeRecord* NodeTable::Find(const NodeId& node_id) {
   auto it = index_.find(node_id);
-  return it == index_.end() ? nullptr : it->second;
+  return it == index_.end() ? nullptr : it->second.rec;
 }
 
 const NodeRecord* NodeTable::Find(const NodeId& node_id) const {
   auto it = index_.find(node_id);
-  return it == index_.end() ? nullptr : it->second;
+  return it == index_.end() ? nullptr : it->second.rec;
 }
 
-absl::Status NodeTable::Heartbeat(const NodeId& node_id) {
-  NodeRecord* rec = Find(node_id);
-  if (rec == nullptr) {
+absl::Status NodeTable::Heartbeat(const NodeId& node_id) { return Heartbeat(node_id, clock_->Now()); }
+
+absl::Status NodeTable::Heartbeat(const NodeId& node_id, double at) {
+  auto it = index_.find(node_id);
+  if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown node ", node_id.str(), ": join again"));
   }
-  rec->last_heartbeat = clock_->Now();
-  oldest_heartbeat_ = std::min(oldest_heartbeat_, rec->last_heartbeat);  // a clock may step back
+  it->second.rec->last_heartbeat = at;
+  Place(it->second);
   return absl::OkStatus();
 }
 
 std::vector<NodeId> NodeTable::SilentNodes() const {
-  double now = clock_->Now();
+  const double now = clock_->Now();
   std::vector<NodeId> out;
-  // No heartbeat is older than oldest_heartbeat_: while that one is in time
-  // every node is, and a tick costs O(1) instead of a pass over every node.
-  if (now - oldest_heartbeat_ <= heartbeat_timeout_s_) return out;
-  double oldest = std::numeric_limits<double>::infinity();
-  for (const auto& [id, rec] : alive_) {
-    if (now - rec.last_heartbeat > heartbeat_timeout_s_) {
-      out.push_back(id);
-    } else {
-      oldest = std::min(oldest, rec.last_heartbeat);  // the silent ones are removed by the caller or stay silent
-    }
+  // The silent nodes are the oldest heartbeats: stop at the first in time.
+  for (const NodeRecord* rec : by_heartbeat_) {
+    if (!(now - rec->last_heartbeat > heartbeat_timeout_s_)) break;
+    out.push_back(rec->spec.node_id);
   }
-  oldest_heartbeat_ = out.empty() ? oldest : std::min(oldest, oldest_heartbeat_);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -100,7 +109,9 @@ std::vector<NodeId> NodeTable::ExpireSilent() {
 bool NodeTable::Remove(const NodeId& node_id, NodeState state, const std::string& reason) {
   auto it = alive_.find(node_id);
   if (it == alive_.end()) return false;
-  index_.erase(it->first);  // node_id may be the record's own (moved below)
+  auto slot = index_.find(it->first);
+  by_heartbeat_.erase(slot->second.by_heartbeat);
+  index_.erase(slot);  // node_id may be the record's own (moved below)
   ++version_;
   NodeRecord rec = std::move(it->second);
   alive_.erase(it);

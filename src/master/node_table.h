@@ -14,7 +14,7 @@
 
 #include <cstdint>
 #include <deque>
-#include <limits>
+#include <list>
 #include <map>
 #include <string>
 #include <string_view>
@@ -79,8 +79,15 @@ class NodeTable {
   // Records a heartbeat. NOT_FOUND "unknown node X: join again" for a node
   // that never joined or was declared dead (it must join again).
   absl::Status Heartbeat(const NodeId& node_id);
+  // The same as of time `at` (a master resuming from its journal gives its
+  // nodes time to reconnect). A record's last_heartbeat is set only here and
+  // by Upsert: the table keeps its nodes in heartbeat order.
+  absl::Status Heartbeat(const NodeId& node_id, double at);
 
   // Alive nodes whose last heartbeat is older than the timeout, in id order.
+  // O(silent nodes), not a pass over every node: the alive nodes are kept in
+  // heartbeat order (a heartbeat moves its node last, in O(1) while the clock
+  // moves forward).
   std::vector<NodeId> SilentNodes() const;
   // SilentNodes(), each moved to the remembered set as dead.
   std::vector<NodeId> ExpireSilent();
@@ -97,20 +104,30 @@ class NodeTable {
   uint64_t version() const { return version_; }
 
  private:
+  using HeartbeatOrder = std::list<NodeRecord*>;
+  struct Slot {
+    NodeRecord* rec;
+    HeartbeatOrder::iterator by_heartbeat;  // its place in by_heartbeat_
+  };
+  // Moves a record whose last_heartbeat changed to its place in by_heartbeat_:
+  // after every record with an older or equal heartbeat (last, unless the
+  // clock stepped back).
+  void Place(const Slot& slot);
+
   ClockInterface* clock_;
   double heartbeat_timeout_s_;
   std::map<NodeId, NodeRecord> alive_;  // in id order (status, silent nodes)
   // alive_ by hash: Find is on every heartbeat, report and member walk, and a
   // tree's string compares were the master's largest cost at 10,000 nodes.
   // Map nodes are stable, so the pointers stay valid until Remove.
-  absl::flat_hash_map<NodeId, NodeRecord*> index_;
+  absl::flat_hash_map<NodeId, Slot> index_;
+  // alive_'s records by last_heartbeat, oldest first (ties in any order): the
+  // silent nodes are a prefix. A scan of every node at each tick once the
+  // oldest heartbeat aged was O(nodes) a tick (a simulated job ticks at every
+  // event).
+  HeartbeatOrder by_heartbeat_;
   uint64_t version_ = 0;
   std::deque<NodeRecord> gone_;  // oldest first
-  // At most the oldest last_heartbeat of an alive node (a lower bound: it
-  // stays valid while heartbeats only move forward; a record's owner may
-  // raise last_heartbeat through Find, never lower it). SilentNodes scans
-  // only once it is older than the timeout, then tightens it.
-  mutable double oldest_heartbeat_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace ballast::master

@@ -7,15 +7,15 @@
 namespace ballast::master {
 
 const MemberAssignment* World::Find(const NodeId& node_id) const {
-  if (indexed_ != members.size() || indexed_data_ != members.data()) {
-    index_.clear();
-    index_.reserve(members.size());
-    for (size_t i = 0; i < members.size(); ++i) index_.emplace(members[i].node_id, i);  // the first of a duplicate
-    indexed_ = members.size();
-    indexed_data_ = members.data();
+  if (index_.size != members.size() || index_.data != members.data()) {
+    index_.positions.clear();
+    index_.positions.reserve(members.size());
+    for (size_t i = 0; i < members.size(); ++i) index_.positions.emplace(members[i].node_id, i);  // the first of a duplicate
+    index_.size = members.size();
+    index_.data = members.data();
   }
-  auto it = index_.find(node_id);
-  return it == index_.end() ? nullptr : &members[it->second];
+  auto it = index_.positions.find(node_id);
+  return it == index_.positions.end() ? nullptr : &members[it->second];
 }
 
 Rendezvous::Rendezvous(RendezvousConfig config) : config_(config) {}
@@ -71,7 +71,7 @@ std::vector<const Rendezvous::Entry*> Rendezvous::OrderedEntries() const {
   for (const auto& e : entries_) out.push_back(&e);
   // Nodes with a hint first (ascending hint), then the rest; join order breaks
   // every tie, so the order never depends on map or hash iteration.
-  std::stable_sort(out.begin(), out.end(), [](const Entry* a, const Entry* b) {
+  auto before = [](const Entry* a, const Entry* b) {
     bool a_hint = a->spec.node_rank_hint >= 0;
     bool b_hint = b->spec.node_rank_hint >= 0;
     if (a_hint != b_hint) return a_hint;
@@ -79,13 +79,23 @@ std::vector<const Rendezvous::Entry*> Rendezvous::OrderedEntries() const {
       return a->spec.node_rank_hint < b->spec.node_rank_hint;
     }
     return a->seq < b->seq;
-  });
+  };
+  // Without hints entries_ (join order) is the order already: a pass, not a sort.
+  if (!std::is_sorted(out.begin(), out.end(), before)) std::stable_sort(out.begin(), out.end(), before);
   return out;
 }
 
 std::vector<NodeSpec> Rendezvous::Ordered() const {
   std::vector<NodeSpec> out;
   for (const Entry* e : OrderedEntries()) out.push_back(e->spec);
+  return out;
+}
+
+std::vector<NodeId> Rendezvous::OrderedIds() const {
+  const std::vector<const Entry*> ordered = OrderedEntries();
+  std::vector<NodeId> out;
+  out.reserve(ordered.size());
+  for (const Entry* e : ordered) out.push_back(e->spec.node_id);
   return out;
 }
 
@@ -96,33 +106,40 @@ std::vector<NodeId> Rendezvous::JoinOrder() const {
   return out;
 }
 
-std::optional<World> Rendezvous::Form() const { return FormImpl(OrderedEntries()); }
+std::optional<World> Rendezvous::Form() const {
+  const std::vector<const Entry*> ordered = OrderedEntries();
+  return FormImpl(ordered, ordered);
+}
 
 std::optional<World> Rendezvous::FormFrom(const std::vector<NodeId>& candidates) const {
   const absl::flat_hash_set<NodeId> wanted(candidates.begin(), candidates.end());
+  const std::vector<const Entry*> ordered = OrderedEntries();
   std::vector<const Entry*> chosen;
-  for (const Entry* e : OrderedEntries()) {
+  chosen.reserve(std::min(ordered.size(), candidates.size()));
+  for (const Entry* e : ordered) {
     if (wanted.count(e->spec.node_id) > 0) chosen.push_back(e);
   }
-  return FormImpl(chosen);
+  return FormImpl(chosen, ordered);
 }
 
-std::optional<World> Rendezvous::FormImpl(const std::vector<const Entry*>& ordered) const {
-  int n = RoundedNodes(static_cast<int>(ordered.size()));
+std::optional<World> Rendezvous::FormImpl(const std::vector<const Entry*>& ordered_candidates,
+                                          const std::vector<const Entry*>& ordered) const {
+  int n = RoundedNodes(static_cast<int>(ordered_candidates.size()));
   if (n == 0) return std::nullopt;
   World world;
-  absl::flat_hash_set<NodeId> members;
-  members.reserve(n);
+  world.members.reserve(static_cast<size_t>(n));
+  absl::flat_hash_set<const Entry*> members;  // entries are distinct participants
+  members.reserve(static_cast<size_t>(n));
   int offset = 0;
   for (int i = 0; i < n; ++i) {
-    const NodeSpec& s = ordered[i]->spec;
+    const NodeSpec& s = ordered_candidates[i]->spec;
     world.members.push_back(MemberAssignment{s.node_id, i, s.local_world_size, offset, s.host});
-    members.insert(s.node_id);
+    members.insert(ordered_candidates[i]);
     offset += s.local_world_size;
   }
   world.world_size = offset;
-  for (const Entry* e : OrderedEntries()) {
-    if (members.count(e->spec.node_id) == 0) world.surplus.push_back(e->spec.node_id);
+  for (const Entry* e : ordered) {
+    if (!members.contains(e)) world.surplus.push_back(e->spec.node_id);
   }
   return world;
 }

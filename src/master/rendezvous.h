@@ -25,9 +25,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/ids.h"
 
@@ -72,12 +72,24 @@ struct World {
   const MemberAssignment* Find(const NodeId& node_id) const;
 
  private:
-  struct IdHash {
-    size_t operator()(const NodeId& id) const { return std::hash<std::string>()(id.str()); }
+  // A copy starts without one (it would be rebuilt for the copy's members
+  // anyway); a move keeps it (the members' buffer moves with it).
+  struct Index {
+    absl::flat_hash_map<NodeId, size_t> positions;  // node id -> position in members
+    size_t size = 0;                                 // members.size() when built
+    const MemberAssignment* data = nullptr;          // members.data() then
+    Index() = default;
+    Index(const Index&) {}
+    Index& operator=(const Index&) {
+      positions.clear();
+      size = 0;
+      data = nullptr;
+      return *this;
+    }
+    Index(Index&&) = default;
+    Index& operator=(Index&&) = default;
   };
-  mutable std::unordered_map<NodeId, size_t, IdHash> index_;  // node id -> position in members
-  mutable size_t indexed_ = 0;                                // members.size() when index_ was built
-  mutable const MemberAssignment* indexed_data_ = nullptr;    // members.data() then
+  mutable Index index_;
 };
 
 class Rendezvous {
@@ -116,6 +128,8 @@ class Rendezvous {
 
   // Participants in rank order.
   std::vector<NodeSpec> Ordered() const;
+  // Their ids, in rank order.
+  std::vector<NodeId> OrderedIds() const;
   // Participants in the order they joined (a reconnect keeps its place): the
   // longest-waiting first.
   std::vector<NodeId> JoinOrder() const;
@@ -128,7 +142,10 @@ class Rendezvous {
     uint64_t seq = 0;  // join order
   };
   std::vector<const Entry*> OrderedEntries() const;
-  std::optional<World> FormImpl(const std::vector<const Entry*>& ordered_candidates) const;
+  // The world of `ordered_candidates`; the other participants of `ordered`
+  // (every participant, in rank order) are its surplus.
+  std::optional<World> FormImpl(const std::vector<const Entry*>& ordered_candidates,
+                                const std::vector<const Entry*>& ordered) const;
 
   RendezvousConfig config_;
   std::vector<Entry> entries_;  // in join order

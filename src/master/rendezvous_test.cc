@@ -214,6 +214,12 @@ TEST(World, FindFollowsMembersThroughGrowthCopyAndReplacement) {
   EXPECT_EQ(copy.Find("n57"_node), &copy.members[57]);
   World moved = std::move(copy);
   EXPECT_EQ(moved.Find("n99"_node), &moved.members[99]);
+  World assigned;  // indexed over other members first, then assigned over
+  assigned.members = {MemberAssignment{"n57"_node, 0, 1, 0, ""}};
+  ASSERT_EQ(assigned.Find("n57"_node), &assigned.members[0]);
+  assigned = moved;
+  EXPECT_EQ(assigned.Find("n57"_node), &assigned.members[57]);
+  EXPECT_EQ(assigned.Find("n99"_node), &assigned.members[99]);
 
   w.members = {MemberAssignment{"z"_node, 0, 1, 0, ""}, MemberAssignment{"a"_node, 1, 1, 1, ""}};
   EXPECT_EQ(w.Find("n57"_node), nullptr);

@@ -121,10 +121,55 @@ class PolicyRun {
   struct Agent {
     bool alive = true;    // its node runs (a lost node's agent is silent)
     bool joined = false;
-    JobMaster::WatchHandle handle;
+    uint64_t stream = 0;  // its open Watch stream (Sink), 0: none
     int64_t round = 0;    // the round whose workers it runs or starts
     bool up = false;      // its workers of `round` made their first step possible
     int global_rank = 0;
+    size_t order = 0;     // its place in id order (ordered_)
+  };
+  // A decision the master delivered to an agent's Watch stream, not yet
+  // acted on (Drain): what the agent reads of it.
+  struct Delivery {
+    enum class What { kStartRound, kStop, kFinished, kOther };
+    Agent* agent;
+    const std::string* id;
+    uint64_t stream;  // the stream it came on: dropped once that stream ended
+    What what;
+    int64_t round;
+    int rank_offset;
+  };
+  // An agent's Watch stream: the master delivers each decision under its
+  // lock; it is only noted here (Drain acts on it), as the gRPC server only
+  // queues a write. O(1) a decision, where polling every agent's stream at
+  // every drain was O(agents).
+  class Sink : public JobMaster::DecisionSink {
+   public:
+    Sink(PolicyRun* run, Agent* agent, const std::string* id, uint64_t stream)
+        : run_(run), agent_(agent), id_(id), stream_(stream) {}
+    void Deliver(const v1::Decision& d) override {
+      Delivery x{agent_, id_, stream_, Delivery::What::kOther, 0, 0};
+      if (d.has_start_round()) {
+        x.what = Delivery::What::kStartRound;
+        x.round = d.start_round().round();
+        x.rank_offset = d.start_round().rank_offset();
+      } else if (d.has_wait() || d.has_stop_workers()) {
+        x.what = Delivery::What::kStop;
+      } else if (d.has_job_finished()) {
+        x.what = Delivery::What::kFinished;
+      }
+      run_->delivered_.push_back(x);
+    }
+    // Replaced or gone: what it delivered and the agent did not read yet is
+    // never read (a stream's Next would return the error first).
+    void End(const absl::Status&) override {
+      if (agent_->stream == stream_) agent_->stream = 0;
+    }
+
+   private:
+    PolicyRun* run_;
+    Agent* agent_;
+    const std::string* id_;
+    uint64_t stream_;
   };
   // The world's training, as the workers see it.
   struct Training {
@@ -144,8 +189,12 @@ class PolicyRun {
     if (it != agent_index_.end()) return *it->second;
     Agent& a = agents_[id];
     agent_index_.emplace(id, &a);
+    order_stale_ = true;
     return a;
   }
+  // Orders deliveries as polling the agents in id order did: by agent id,
+  // each agent's in the order delivered.
+  void OrderDeliveries(std::vector<Delivery>* ds);
   // The world's step at time t (0: none this round), and when it was reached.
   int64_t WorldStep(double t) const {
     if (!train_.on || t < train_.t_first) return 0;
@@ -160,8 +209,10 @@ class PolicyRun {
   void ReportProgress(double t);
   void Heartbeats();
   void Drain(double t);
-  void OnStartRound(const v1::StartRound& s, const std::string& id, double t);
+  void OnStartRound(const Delivery& s, double t);
   void MaybeStartTraining(int64_t round, double t);
+  // Queues the workers this drain started (starting_) as one kWorkersUp event.
+  void FlushStarting();
   void Handle(const Ev& e);
   // Changes an agent through `change`, keeping up_ (the agents up per round)
   // right: MaybeStartTraining compares it with the round's members instead of
@@ -169,8 +220,10 @@ class PolicyRun {
   template <typename F>
   void Change(Agent& a, F change) {
     if (a.alive && a.up) --up_[a.round];
+    const bool alive = a.alive, joined = a.joined;
     change(a);
     if (a.alive && a.up) ++up_[a.round];
+    if (a.alive != alive || a.joined != joined) ++roster_;
   }
 
   const SimOptions& o_;
@@ -189,6 +242,24 @@ class PolicyRun {
   std::unique_ptr<scheduler::NodeManager> manager_;
   std::map<std::string, Agent> agents_;  // in id order (the order the master's decisions are drained in)
   absl::flat_hash_map<std::string, Agent*> agent_index_;  // agents_ by hash (AgentOf)
+  bool order_stale_ = true;  // an agent was added since Agent::order was set
+  uint64_t streams_ = 0;     // Watch streams opened (Agent::stream)
+  std::vector<Delivery> delivered_;  // by the Sinks, since the last drain
+  // Bumped when an agent turns alive or not, or joins: the lists below are
+  // rebuilt then, not at every heartbeat or report.
+  uint64_t roster_ = 0;
+  uint64_t heartbeat_ids_at_ = ~uint64_t{0};
+  std::vector<NodeId> heartbeat_ids_;  // the alive agents that joined, in id order
+  std::tuple<int64_t, uint64_t, size_t> progress_ids_at_{-1, 0, 0};
+  std::vector<NodeId> progress_ids_;  // the training round's alive members
+  std::vector<Delivery> draining_;   // the drain's (a buffer reused)
+  // Agents whose workers start, by when they are up: one event for all that
+  // a drain started at once (the old way, one event each, was n queue
+  // entries a round). kWorkersUp's index names its batch.
+  std::map<size_t, std::vector<std::pair<Agent*, int64_t>>> up_batches_;
+  size_t next_batch_ = 0;
+  std::vector<std::pair<Agent*, int64_t>> starting_;  // this drain's (agent, round)
+  double starting_at_ = 0;                            // ... when their workers are up
   std::map<int64_t, std::vector<std::string>> members_;  // round -> its members
   std::map<int64_t, size_t> up_;  // round -> its alive agents whose workers are up (Change)
   std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> q_;
@@ -209,12 +280,16 @@ class PolicyRun {
 };
 
 void PolicyRun::Heartbeats() {
-  v1::HeartbeatRequest hb;  // one message, its id's buffer reused
-  for (auto& [id, a] : agents_) {
-    if (!a.alive || !a.joined) continue;
-    hb.set_node_id(id);
-    (void)jm_->Heartbeat(hb);
+  // Every alive agent that joined, in id order: the list kept until one
+  // joins, is lost or is replaced (roster_), and sent in one call.
+  if (heartbeat_ids_at_ != roster_) {
+    heartbeat_ids_at_ = roster_;
+    heartbeat_ids_.clear();
+    for (const auto& [id, a] : agents_) {
+      if (a.alive && a.joined) heartbeat_ids_.emplace_back(id);
+    }
   }
+  (void)jm_->Heartbeats(heartbeat_ids_);
 }
 
 void PolicyRun::ReportProgress(double t) {
@@ -226,30 +301,38 @@ void PolicyRun::ReportProgress(double t) {
   if (reported_ == now_at) return;
   reported_ = now_at;
   const double stall = static_cast<double>(s - train_.s0 + 1) * stall_per_step_;
-  v1::ProgressReport r;  // the same for every member but its id (a buffer reused)
-  for (const std::string& id : members_[train_.round]) {
-    const Agent& a = AgentOf(id);
-    if (!a.alive) continue;
-    r.set_node_id(id);
-    r.set_round(train_.round);
-    r.set_step(s);
-    r.set_step_time_s(step_eff_);
-    r.set_step_age_s(t - ReachedAt(s));
-    r.set_first_step_known(true);
-    r.set_first_step(train_.s0);
-    r.set_first_step_age_s(t - train_.t_first);
-    r.set_ckpt_saves((s - train_.s0 + 1) * o_.gpus_per_node / ckpt_every_);
-    r.set_ckpt_stall_max_s(stall);
-    r.set_ckpt_stall_sum_s(stall * o_.gpus_per_node);
-    (void)jm_->ReportProgress(r);
+  // The round's alive members, in the order they were told of it: the list
+  // kept while the round and the roster stay.
+  const std::vector<std::string>& members = members_[train_.round];
+  const auto key = std::make_tuple(train_.round, roster_, members.size());
+  if (progress_ids_at_ != key) {
+    progress_ids_at_ = key;
+    progress_ids_.clear();
+    for (const std::string& id : members) {
+      if (AgentOf(id).alive) progress_ids_.emplace_back(id);
+    }
   }
+  if (progress_ids_.empty()) return;
+  v1::ProgressReport r;  // the same for every member (each sends its own; one call for all)
+  r.set_round(train_.round);
+  r.set_step(s);
+  r.set_step_time_s(step_eff_);
+  r.set_step_age_s(t - ReachedAt(s));
+  r.set_first_step_known(true);
+  r.set_first_step(train_.s0);
+  r.set_first_step_age_s(t - train_.t_first);
+  r.set_ckpt_saves((s - train_.s0 + 1) * o_.gpus_per_node / ckpt_every_);
+  r.set_ckpt_stall_max_s(stall);
+  r.set_ckpt_stall_sum_s(stall * o_.gpus_per_node);
+  (void)jm_->ReportProgressFrom(progress_ids_, r);
 }
 
-void PolicyRun::OnStartRound(const v1::StartRound& s, const std::string& id, double t) {
-  Agent& a = AgentOf(id);
-  if (s.round() <= a.round) return;
+void PolicyRun::OnStartRound(const Delivery& s, double t) {
+  Agent& a = *s.agent;
+  const std::string& id = *s.id;
+  if (s.round <= a.round) return;
   StopTraining(t);  // the workers of the old round stop
-  if (s.round() > latest_round_) {
+  if (s.round > latest_round_) {
     // The first member told of a new round: the rounds before the last
     // trained and the last told are over (every member of them moved on or
     // is gone); their member lists are n strings each, rounds x n in all.
@@ -257,16 +340,47 @@ void PolicyRun::OnStartRound(const v1::StartRound& s, const std::string& id, dou
     members_.erase(members_.begin(), members_.lower_bound(keep));
     up_.erase(up_.begin(), up_.lower_bound(keep));
   }
-  latest_round_ = std::max(latest_round_, s.round());
+  latest_round_ = std::max(latest_round_, s.round);
   Change(a, [&](Agent& x) {
-    x.round = s.round();
+    x.round = s.round;
     x.up = false;
   });
-  a.global_rank = s.rank_offset();
-  members_[s.round()].push_back(id);  // every member gets its StartRound in the same drain
+  a.global_rank = s.rank_offset;
+  members_[s.round].push_back(id);  // every member gets its StartRound in the same drain
   // Manual: after a replaced node the person's delay was in the replacement.
   const bool restart = started_once_ && !(policy_ == Policy::kManual && last_fault_node_);
-  At(t + (restart ? restart_s_ : o_.job_start_s), Kind::kWorkersUp, id, s.round());
+  const double up_at = t + (restart ? restart_s_ : o_.job_start_s);
+  if (!starting_.empty() && up_at != starting_at_) FlushStarting();
+  starting_at_ = up_at;
+  starting_.emplace_back(&a, s.round);
+}
+
+void PolicyRun::FlushStarting() {
+  if (starting_.empty()) return;
+  const size_t batch = next_batch_++;
+  up_batches_[batch] = std::exchange(starting_, {});
+  At(starting_at_, Kind::kWorkersUp, "", 0, batch);
+}
+
+void PolicyRun::OrderDeliveries(std::vector<Delivery>* ds) {
+  if (order_stale_) {
+    size_t i = 0;
+    for (auto& [id, a] : agents_) a.order = i++;
+    order_stale_ = false;
+  }
+  auto by_order = [](const Delivery& x, const Delivery& y) { return x.agent->order < y.agent->order; };
+  if (std::is_sorted(ds->begin(), ds->end(), by_order)) return;
+  if (ds->size() < 64) {
+    std::stable_sort(ds->begin(), ds->end(), by_order);
+    return;
+  }
+  // A round's n decisions: a counting sort by place (stable), O(n + agents).
+  std::vector<uint32_t> start(agents_.size() + 1, 0);
+  for (const Delivery& d : *ds) ++start[d.agent->order + 1];
+  for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
+  std::vector<Delivery> out(ds->size());
+  for (const Delivery& d : *ds) out[start[d.agent->order]++] = d;
+  ds->swap(out);
 }
 
 void PolicyRun::MaybeStartTraining(int64_t round, double t) {
@@ -285,22 +399,31 @@ void PolicyRun::Drain(double t) {
   const uint64_t pushed = jm_->decisions_pushed();
   if (pushed == drained_at_) return;  // nothing new for anyone
   drained_at_ = pushed;
-  for (auto& [id, a] : agents_) {
-    if (!a.alive || !a.joined) continue;
-    while (true) {
-      auto next = jm_->NextDecision(a.handle, 0);
-      if (!next.ok() || !next->has_value()) break;
-      const v1::Decision& d = **next;
-      if (d.has_start_round()) {
-        OnStartRound(d.start_round(), id, t);
-      } else if (d.has_wait() || d.has_stop_workers()) {
+  // The agents read their streams in id order, as polling each in turn did
+  // (the order a round's members are listed in, and its workers start in).
+  draining_.swap(delivered_);
+  delivered_.clear();
+  OrderDeliveries(&draining_);
+  for (const Delivery& d : draining_) {
+    Agent& a = *d.agent;
+    if (!a.alive || !a.joined || a.stream != d.stream) continue;
+    switch (d.what) {
+      case Delivery::What::kStartRound:
+        OnStartRound(d, t);
+        break;
+      case Delivery::What::kStop:
         if (train_.on && a.round == train_.round) StopTraining(t);
         Change(a, [](Agent& x) { x.up = false; });
-      } else if (d.has_job_finished()) {
+        break;
+      case Delivery::What::kFinished:
         finished_ = true;
-      }
+        break;
+      case Delivery::What::kOther:
+        break;
     }
   }
+  draining_.clear();
+  FlushStarting();
 }
 
 void PolicyRun::Handle(const Ev& e) {
@@ -315,19 +438,27 @@ void PolicyRun::Handle(const Ev& e) {
       req.mutable_node()->set_local_world_size(o_.gpus_per_node);
       req.mutable_node()->set_host(e.node);
       if (!jm_->Join(req).ok()) return;
-      auto h = jm_->OpenWatch(e.node);
+      const uint64_t stream = ++streams_;
+      const std::string* id = &agents_.find(e.node)->first;
+      auto h = jm_->OpenWatch(e.node, std::make_shared<Sink>(this, &a, id, stream));
       if (!h.ok()) return;
-      a.joined = true;
-      a.handle = *h;
+      Change(a, [&](Agent& x) {
+        x.joined = true;
+        x.stream = stream;
+      });
       sched_.Started(e.node);
       At(t + Tunables::Get().last_call_s + kEpsilon, Kind::kTick);
       break;
     }
     case Kind::kWorkersUp: {
-      Agent& a = AgentOf(e.node);
-      if (!a.alive || a.round != e.round) return;
-      Change(a, [](Agent& x) { x.up = true; });
-      MaybeStartTraining(e.round, t);
+      auto batch = up_batches_.find(e.index);
+      for (const auto& [agent, round] : batch->second) {
+        Agent& a = *agent;
+        if (!a.alive || a.round != round) continue;
+        Change(a, [](Agent& x) { x.up = true; });
+        MaybeStartTraining(round, t);
+      }
+      up_batches_.erase(batch);
       break;
     }
     case Kind::kFault: {
