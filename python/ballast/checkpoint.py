@@ -519,6 +519,12 @@ class Checkpointer:
             ``"auto:MAX"``: the interval that loses the least training time
             from the measured cost of a save, the step time and the job's
             failure rate (ballast.save_policy; ``--save-every auto``).
+        copy_share: under ``ballast run``, the share of the time the agent's
+            writes of ``persist=True`` steps may take (default
+            ``$BALLAST_CKPT_COPY_SHARE``, else 0.25; ``--ckpt-copy-share``):
+            when a write takes longer, only the first such step of every k
+            steps is written (ballast.save_policy.PersistPace); ``wait()``
+            writes the newest one left out. 1: every step asked for.
 
     Example::
 
@@ -534,7 +540,8 @@ class Checkpointer:
         ckpt.wait()
     """
 
-    def __init__(self, dir, keep=3, *, rank=None, world_size=None, shm=None, verify=True, save_every=None):
+    def __init__(self, dir, keep=3, *, rank=None, world_size=None, shm=None, verify=True, save_every=None,
+                 copy_share=None):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
         if rank is not None and not 0 <= int(rank) < int(world_size):
@@ -575,6 +582,10 @@ class Checkpointer:
         self._finalizer = weakref.finalize(self, self._res.close)
         if self.agent:
             _under_agent.add(self)
+        # Under an agent, which persist=True saves ask for a write (the agent
+        # says what a write took); in-process persists are written by wait().
+        self._pace = _save_policy.PersistPace(copy_share) if self.agent else None
+        self._thinned = None  # the newest persist=True step the pace left out
 
     # -- helpers ---------------------------------------------------------------
 
@@ -665,9 +676,15 @@ class Checkpointer:
                 ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict()},
                           blocking=False)
         """
+        if self._pace is not None and int(step) >= 0:
+            store = self._store
+            self._pace.note(step, store.durable_step(), store.durable_write_s())
         if not self.due(step, persist):
             return False
         step = int(step)
+        if persist and self._pace is not None and not self._pace.wants(step):
+            persist = False  # kept in memory; wait() writes the newest one left out
+            self._thinned = step
         self.wait_saved()
         t0 = time.perf_counter()
         try:
@@ -898,6 +915,19 @@ class Checkpointer:
             self._res.persister.request(step)
         self._requested = step if self._requested is None else max(self._requested, step)
 
+    def _persist_thinned(self):
+        """Asks for the newest persist=True step the pace left out, when it
+        is newer than the steps asked for (or, overwritten by later saves,
+        the newest step held in memory instead: newer state, on every rank)."""
+        thinned, self._thinned = self._thinned, None
+        if thinned is None or (self._requested is not None and thinned <= self._requested):
+            return
+        held = self._store.steps()
+        step = thinned if thinned in held else max((s for s in held if s > thinned), default=None)
+        if step is not None:
+            rank, world = self.rank_world()
+            self._request_persist(step, rank, world)
+
     def wait(self, timeout=_DEFAULT_WAIT_S):
         """Blocks until every step saved with ``persist=True`` is durable on disk.
 
@@ -910,6 +940,7 @@ class Checkpointer:
             ckpt.wait()          # the file is fsync'ed; safe to stop the job
         """
         self.wait_saved()
+        self._persist_thinned()
         if self._requested is None:
             return
         step = self._requested

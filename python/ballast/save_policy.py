@@ -231,3 +231,105 @@ class SaveInterval:
                       f"{t:.3f} s, MTBF {m:.0f} s: {self.restarts} restart(s) in {self._age0 + self._clock() - self._t0:.0f} s "
                       f"and the {self.mtbf_prior_s:.0f} s prior)")
         return n
+
+
+ENV_COPY_SHARE = "BALLAST_CKPT_COPY_SHARE"
+DEFAULT_COPY_SHARE = 0.25
+_MAX_PERSIST_EVERY = 1024
+
+
+def parse_share(text):
+    """The --ckpt-copy-share value as a float in (0, 1]; ValueError saying what is allowed."""
+    try:
+        share = float(text)
+    except (TypeError, ValueError):
+        share = None
+    if share is None or not 0 < share <= 1:
+        raise ValueError(f"the checkpoint copy share must be a fraction of the time in (0, 1], e.g. 0.25 "
+                         f"(1: persist every step asked for), got {text!r}")
+    return share
+
+
+class PersistPace:
+    """Which ``save(step, state, persist=True)`` calls ask the agent to write
+    the step to disk: as often as asked, unless the writes would take more
+    than ``share`` of the time (``--ckpt-copy-share``, default 0.25).
+
+    A persist is a copy of the whole state to disk by the agent's thread, beside
+    training: on a machine whose cores the training uses, it slows the steps
+    (memory bandwidth and kernel work, which a lower priority does not give
+    back). So with a write of W seconds and steps of t seconds, persists go out
+    at most once per k steps, k the smallest power of two with W / (k t) <=
+    share: the first ``persist=True`` call of each block of k steps (blocks at
+    the multiples of k). The steps a rank leaves out stay in memory; ``wait()``
+    asks for the newest of them, so the last step saved with ``persist=True``
+    before a ``wait()`` is on disk as before.
+
+    Every rank measures its own W and t, and every rank must write the same
+    steps (a step on disk is complete only with every rank's shard). With k a
+    power of two that is safe without agreeing: a block of the larger k is a
+    union of blocks of a smaller one, so a call first in its block of the larger
+    k is first in its smaller block too: the steps the slowest rank writes are
+    written by all.
+
+    Args:
+        share: the fraction in (0, 1] (None: $BALLAST_CKPT_COPY_SHARE, else
+            0.25); 1 persists every step asked for, whatever a write takes.
+        clock: seconds, monotonic (tests pass their own).
+        log: where a change of k is said (default: stderr, rank 0).
+    """
+
+    def __init__(self, share=None, *, clock=time.monotonic, log=None):
+        if share is None:
+            share = os.environ.get(ENV_COPY_SHARE) or DEFAULT_COPY_SHARE
+        self.share = parse_share(share)
+        self._clock = clock
+        if log is None:
+            log = (lambda msg: sys.stderr.write(msg + "\n")) if os.environ.get("RANK", "0") == "0" else (lambda msg: None)
+        self._log = log
+        self.every = 1            # k: at most one persist per block of k steps
+        self._last_call = None    # (step, time) of the previous save() call
+        self._steps = []          # seconds per step between save() calls
+        self._writes = []         # seconds the agent took to write a step
+        self._durable = 0         # the newest durable step seen
+        self._last_persist_call = None  # (step, answer) of the previous persist=True save
+
+    def note(self, step, durable_step=0, write_s=0.0):
+        """Records a save() call for ``step`` and what the store says of the
+        newest durable step and its write time."""
+        step = int(step)
+        now = self._clock()
+        if self._last_call is not None and step > self._last_call[0]:
+            self._steps.append((now - self._last_call[1]) / (step - self._last_call[0]))
+            del self._steps[:-_WINDOW]
+        self._last_call = (step, now)
+        if durable_step > self._durable:
+            self._durable = int(durable_step)
+            if write_s > 0:
+                self._writes.append(float(write_s))
+                del self._writes[:-_WINDOW]
+                self._choose()
+
+    def _choose(self):
+        w, t = _median(self._writes), _median(self._steps)
+        if w <= 0 or t <= 0 or self.share >= 1:
+            return
+        k = 1
+        while w / (k * t) > self.share and k < _MAX_PERSIST_EVERY:
+            k *= 2
+        if k != self.every:
+            self.every = k
+            self._log(f"ballast: persisting at most once every {k} step(s): a write to disk takes {w:.3f} s, "
+                      f"a step {t:.3f} s (writes kept under {self.share:.0%} of the time: --ckpt-copy-share)"
+                      if k > 1 else
+                      f"ballast: persisting every step asked for again (a write {w:.3f} s, a step {t:.3f} s)")
+
+    def wants(self, step):
+        """Whether a ``persist=True`` save of ``step`` asks for the write (see the class comment)."""
+        step = int(step)
+        prev = self._last_persist_call
+        if prev is not None and step == prev[0]:
+            return prev[1]  # asked again for the same step: the same answer
+        want = prev is None or step // self.every != prev[0] // self.every or step < prev[0]
+        self._last_persist_call = (step, want)
+        return want

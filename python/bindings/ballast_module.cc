@@ -884,6 +884,7 @@ PYBIND11_MODULE(_ballast, m) {
            [](const PyStore& s) { return s.store()->requested_persist_step(); })
       .def("mark_durable", [](const PyStore& s, uint64_t step) { s.store()->MarkDurable(step); })
       .def("durable_step", [](const PyStore& s) { return s.store()->durable_step(); })
+      .def("durable_write_s", [](const PyStore& s) { return s.store()->durable_write_s(); })
       .def("mark_committed",
            [](const PyStore& s, uint64_t step) { s.store()->MarkCommitted(step); })
       .def("committed_step", [](const PyStore& s) { return s.store()->committed_step(); })

@@ -445,6 +445,7 @@ int Agent::Run() {
   // errs towards more frequent saves).
   if (!options_.run.save_every.empty()) health_env_[kSaveEveryEnv] = options_.run.save_every;
   if (options_.run.mtbf_s > 0) health_env_[kMtbfEnv] = absl::StrCat(options_.run.mtbf_s);
+  if (options_.run.ckpt_copy_share > 0) health_env_[kCopyShareEnv] = absl::StrCat(options_.run.ckpt_copy_share);
   if (health_env_.count(kJobStartEnv) == 0) {  // the first join's, kept across a master's restart
     health_env_[kJobStartEnv] = absl::StrFormat("%.3f", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   }

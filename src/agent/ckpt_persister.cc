@@ -222,6 +222,7 @@ void CkptPersister::PollStoreLocked(Store& s) {
 
 absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const ckpt::PersistConfig& cfg) {
   const uint64_t step = pin.step();
+  const auto start = Clock::now();
   // Header and index only (the data checksum travels in the header and is
   // verified by whoever loads the file): never write something that is not a
   // checkpoint image under a shard's name.
@@ -236,7 +237,9 @@ absl::Status CkptPersister::PersistLocked(Store& s, ckpt::PinnedSlot pin, const 
   pin.Release();
   // Only after the shard's rename and the directory fsync: a worker waiting on
   // durable_step() may then rely on the file surviving a crash.
-  s.slots->MarkDurable(step);
+  // With the write's time: what a persist costs, which the worker's pacing of
+  // its requests weighs against its step time (--ckpt-copy-share).
+  s.slots->MarkDurable(step, std::chrono::duration<double>(Clock::now() - start).count());
   s.unreported = Store::Unreported{step, cfg};
   s.report_retry_at = Clock::now();  // due at once
   return absl::OkStatus();

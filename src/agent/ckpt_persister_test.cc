@@ -123,9 +123,13 @@ TEST_F(AgentCkptPersisterTest, StoreNamesAreValidAndUniquePerAgent) {
 }
 
 TEST_F(AgentCkptPersisterTest, RequestedStepBecomesDurableAndTheLastReporterCommits) {
+  EXPECT_EQ(workers_[0]->durable_write_s(), 0.0);
   Save(0, 3, true);
   persister_->PollOnce();
   EXPECT_EQ(workers_[0]->durable_step(), 3u);
+  // The worker hears what the write took (its pacing of persists weighs it).
+  EXPECT_GT(workers_[0]->durable_write_s(), 0.0);
+  EXPECT_LT(workers_[0]->durable_write_s(), 60.0);
   EXPECT_TRUE(fs::exists(ckpt::ShardPath(dir_, 3, 0)));
   EXPECT_FALSE(fs::exists(ckpt::LatestPath(dir_)));  // rank 1 not durable yet
   Save(1, 3, true);

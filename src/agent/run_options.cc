@@ -253,6 +253,15 @@ const std::map<std::string, FlagDef>& FlagTable() {
           if (o->ckpt_replicas < 0 || o->ckpt_replicas > 8) return FlagError(f, "must be 0..8 (0 turns replicas off)");
           return absl::OkStatus();
         }}},
+      {"--ckpt-copy-share",
+       {Arity::kValue,
+        [](auto& f, auto& v, RunOptions* o) -> absl::Status {
+          ASSIGN_OR_RETURN(o->ckpt_copy_share, ParseDouble(f, v));
+          if (!(o->ckpt_copy_share > 0 && o->ckpt_copy_share <= 1)) {
+            return FlagError(f, "must be a share of the time in (0, 1], e.g. 0.25 (1: persist every step asked for)");
+          }
+          return absl::OkStatus();
+        }}},
       {"--ckpt-copy-nice",
        {Arity::kValue,
         [](auto& f, auto& v, RunOptions* o) -> absl::Status {
@@ -514,6 +523,10 @@ Workers:
                             copy replicas (and of their disk I/O): they yield the
                             cores training needs and run at full speed on idle
                             ones [10; 0: training's priority]
+  --ckpt-copy-share F       the share of the time the writes of persist=True steps
+                            may take: when a write takes longer, only the first
+                            such step of every k steps is written, and wait() the
+                            newest one left out [0.25; 1: every step asked for]
   --monitor-interval S      how often workers are checked [0.05]
   --on-nan MODE             a NaN/Inf loss reported with ballast.step(step, loss=):
                             rollback (every rank restarts from the newest checkpoint

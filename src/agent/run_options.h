@@ -39,6 +39,7 @@ struct RunOptions {
   double hang_timeout_s = 0;           // --hang-timeout; 0 = no hang detection
   std::string save_every;              // --save-every N|auto|auto:MAX for the workers' Checkpointer; "" = theirs
   double mtbf_s = 0;                   // --mtbf DURATION: the prior of save_every auto; 0 = not given
+  double ckpt_copy_share = 0;          // --ckpt-copy-share F in (0, 1]; 0 = the workers' default (0.25)
   std::string role = "default";        // --role
   bool precheck = false;               // --network-check / --precheck 1: pre-flight check
   bool exclude_stragglers = false;     // --exclude-stragglers

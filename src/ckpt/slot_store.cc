@@ -45,6 +45,9 @@ struct PersistChannel {
   std::atomic<uint64_t> request_step;  // newest step the writer asked to persist (0: none)
   std::atomic<uint64_t> durable_step;  // newest step the persister made durable
   std::atomic<uint64_t> committed_step;  // newest step globally committed (latest)
+  // How long the persister took to write durable_step (ns; 0: not said): what
+  // a persist costs, for the writer's pacing of its requests (--ckpt-copy-share).
+  std::atomic<uint64_t> durable_write_ns;
   // The persister's last failure, for the writer's wait(): seqlocked like the
   // config (error_seq odd while written).
   std::atomic<uint64_t> error_seq;
@@ -68,7 +71,7 @@ struct ControlBlock {
 namespace {
 
 constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
-constexpr uint32_t kControlVersion = 4;
+constexpr uint32_t kControlVersion = 5;
 constexpr uint64_t kControlBytes = 4096;
 constexpr uint64_t kGrowGranularity = 2u << 20;
 // The capacity a slot grows to for an image of `bytes`.
@@ -627,7 +630,13 @@ void StoreMax(std::atomic<uint64_t>& word, uint64_t value) {
 
 void SlotStore::RequestPersist(uint64_t step) { StoreMax(block_->persist.request_step, step); }
 uint64_t SlotStore::requested_persist_step() const { return block_->persist.request_step.load(); }
-void SlotStore::MarkDurable(uint64_t step) { StoreMax(block_->persist.durable_step, step); }
+void SlotStore::MarkDurable(uint64_t step, double write_s) {
+  if (write_s > 0 && step > block_->persist.durable_step.load()) {
+    block_->persist.durable_write_ns.store(static_cast<uint64_t>(write_s * 1e9));
+  }
+  StoreMax(block_->persist.durable_step, step);
+}
+double SlotStore::durable_write_s() const { return static_cast<double>(block_->persist.durable_write_ns.load()) / 1e9; }
 uint64_t SlotStore::durable_step() const { return block_->persist.durable_step.load(); }
 void SlotStore::MarkCommitted(uint64_t step) { StoreMax(block_->persist.committed_step, step); }
 uint64_t SlotStore::committed_step() const { return block_->persist.committed_step.load(); }

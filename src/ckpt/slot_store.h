@@ -251,9 +251,12 @@ class SlotStore {
   // Writer: asks for `step` (committed in a slot) to be made durable.
   void RequestPersist(uint64_t step);
   uint64_t requested_persist_step() const;
-  // Persister: this process's shard of `step` is durable on disk.
-  void MarkDurable(uint64_t step);
+  // Persister: this process's shard of `step` is durable on disk; write_s:
+  // how long writing it took (0: not measured), kept while it is the newest.
+  void MarkDurable(uint64_t step, double write_s = 0);
   uint64_t durable_step() const;
+  // The write time of durable_step() as the persister said it (0: not said).
+  double durable_write_s() const;
   // Persister: `step` is globally committed (every rank durable; `latest`).
   void MarkCommitted(uint64_t step);
   uint64_t committed_step() const;

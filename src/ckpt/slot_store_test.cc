@@ -643,9 +643,11 @@ TEST(CkptPersistChannel, ConfigRoundTripsAcrossOpenAndStepsAreMonotonic) {
   (*worker)->RequestPersist(7);
   (*worker)->RequestPersist(5);  // older: ignored
   EXPECT_EQ((*owner)->requested_persist_step(), 7u);
-  (*owner)->MarkDurable(7);
+  (*owner)->MarkDurable(7, 0.25);
+  (*owner)->MarkDurable(6, 9.0);  // older: neither the step nor its write time
   (*owner)->MarkCommitted(6);
   EXPECT_EQ((*worker)->durable_step(), 7u);
+  EXPECT_DOUBLE_EQ((*worker)->durable_write_s(), 0.25);
   EXPECT_EQ((*worker)->committed_step(), 6u);
 }
 

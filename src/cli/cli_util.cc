@@ -38,6 +38,16 @@ CLI::Validator Seconds(bool positive) {
       "", "SECONDS");
 }
 
+CLI::Validator Fraction(std::string what) {
+  return CLI::Validator(
+      [what](std::string& input) -> std::string {
+        double v = 0;
+        if (absl::SimpleAtod(input, &v) && std::isfinite(v) && v > 0 && v <= 1) return "";
+        return absl::StrCat("must be ", what, " in (0, 1] (got ", input, ")");
+      },
+      "", "FRACTION");
+}
+
 std::string TokenFromFlagOrEnv(const std::string& flag_value) {
   if (!flag_value.empty()) return flag_value;
   const char* env = std::getenv("BALLAST_TOKEN");

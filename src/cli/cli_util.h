@@ -57,5 +57,7 @@ CLI::Validator Count() {
 CLI::Validator Port();
 // A number of seconds >= 0 (positive: > 0).
 CLI::Validator Seconds(bool positive = false);
+// A fraction in (0, 1]; the message says it is `what`.
+CLI::Validator Fraction(std::string what);
 
 }  // namespace ballast::cli

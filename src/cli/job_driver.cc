@@ -76,6 +76,11 @@ void AddJobFlags(CLI::App& app, JobFlags* f) {
                  "yield the cores training needs (0: training's priority)")
       ->check(IntegerIn(0, 19, "a nice value from 0 to 19 (0: the copies run at training's priority)", "0..19"))
       ->capture_default_str();
+  app.add_option("--ckpt-copy-share,--ckpt_copy_share", f->ckpt_copy_share,
+                 "The share of the time the writes of persist=True checkpoint steps may take: when a write takes "
+                 "longer, only the first such step of every k steps is written (default 0.25; 1: every step asked "
+                 "for)")
+      ->check(Fraction("a share of the time"));
   app.add_flag("--no-warm-restart,--no_warm_restart", f->no_warm_restart,
                "Start every worker in a new interpreter (default: a warm one per local rank waits, torch and what "
                "the last workers imported already loaded)");
@@ -170,6 +175,7 @@ std::vector<std::string> AgentArgv(const JobFlags& f, const std::string& master_
   if (f.ckpt_copy_nice != kDefaultCopyNice) {
     argv.insert(argv.end(), {"--ckpt-copy-nice", std::to_string(f.ckpt_copy_nice)});
   }
+  if (f.ckpt_copy_share > 0) argv.insert(argv.end(), {"--ckpt-copy-share", absl::StrCat(f.ckpt_copy_share)});
   if (!f.save_every.empty()) argv.insert(argv.end(), {"--save-every", f.save_every});
   if (!f.mtbf.empty()) argv.insert(argv.end(), {"--mtbf", f.mtbf});
   if (f.no_warm_restart) argv.push_back("--no-warm-restart");

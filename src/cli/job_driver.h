@@ -51,6 +51,7 @@ struct JobFlags {
   std::string mtbf;        // --mtbf DURATION ("" = the default prior)
   int ckpt_replicas = 1;
   int ckpt_copy_nice = kDefaultCopyNice;
+  double ckpt_copy_share = 0;  // --ckpt-copy-share F (0 = the workers' default)
   bool no_warm_restart = false;
   bool no_warm_fork = false;
   std::string warm_modules;  // --warm-modules a,b (as `ballast run`)

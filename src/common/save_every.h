@@ -13,6 +13,9 @@ namespace ballast {
 
 inline constexpr char kSaveEveryEnv[] = "BALLAST_SAVE_EVERY";
 inline constexpr char kMtbfEnv[] = "BALLAST_MTBF_S";
+// --ckpt-copy-share: the share of the time the agent's writes of persist=True
+// steps may take (python/ballast/save_policy.py, PersistPace).
+inline constexpr char kCopyShareEnv[] = "BALLAST_CKPT_COPY_SHARE";
 // Unix seconds when the job's first round started on this agent (the job's
 // age for the failure rate the workers estimate).
 inline constexpr char kJobStartEnv[] = "BALLAST_JOB_START";

@@ -168,6 +168,72 @@ class IntervalTest(unittest.TestCase):
         self.assertTrue(p.due(20))
 
 
+def paced(pace, clock, steps, step_s, write_s, persist_every=1):
+    """Drives `pace` as a loop that saves every step (persist=True every
+    persist_every-th), each write durable by the next call; the steps asked for."""
+    asked = []
+    durable = 0
+    for s in range(steps):
+        clock.t += step_s
+        pace.note(s, durable, write_s)
+        if s % persist_every == 0 and pace.wants(s):
+            asked.append(s)
+            durable = s
+    return asked
+
+
+class PersistPaceTest(unittest.TestCase):
+    def pace(self, share, clock):
+        said = []
+        return save_policy.PersistPace(share, clock=clock, log=said.append), said
+
+    def test_every_step_is_written_while_the_writes_fit_the_share(self):
+        clock = Clock()
+        pace, said = self.pace(0.25, clock)
+        self.assertEqual(paced(pace, clock, 30, 0.1, 0.02), list(range(30)))
+        self.assertEqual((pace.every, said), (1, []))
+
+    def test_costly_writes_go_out_once_per_power_of_two_block(self):
+        clock = Clock()
+        pace, said = self.pace(0.25, clock)
+        # 0.15 s writes against 0.1 s steps: 4 steps would be 37.5% of the time, 8 are 18.75%.
+        asked = paced(pace, clock, 64, 0.1, 0.15)
+        self.assertEqual(pace.every, 8)
+        self.assertEqual([s for s in asked if s >= 8], [8, 16, 24, 32, 40, 48, 56])
+        self.assertTrue(any("at most once every 8 step(s)" in m and "--ckpt-copy-share" in m for m in said), said)
+
+    def test_ranks_that_measure_differently_still_write_the_slow_ranks_steps(self):
+        fast_clock, slow_clock = Clock(), Clock()
+        fast, _ = self.pace(0.25, fast_clock)
+        slow, _ = self.pace(0.25, slow_clock)
+        a = paced(fast, fast_clock, 100, 0.1, 0.04, persist_every=1)  # k = 2
+        b = paced(slow, slow_clock, 100, 0.1, 0.3, persist_every=1)   # k = 16
+        self.assertEqual((fast.every, slow.every), (2, 16))
+        self.assertTrue(set(b) <= set(a), sorted(set(b) - set(a)))
+
+    def test_steps_asked_less_often_than_the_block_are_all_written(self):
+        clock = Clock()
+        pace, _ = self.pace(0.25, clock)
+        asked = paced(pace, clock, 400, 0.1, 0.3, persist_every=25)  # k = 16 < 25
+        self.assertEqual(pace.every, 16)
+        self.assertEqual(asked, list(range(0, 400, 25)))
+
+    def test_share_one_writes_every_step_and_bad_shares_get_a_clear_error(self):
+        clock = Clock()
+        pace, said = self.pace(1, clock)
+        self.assertEqual(paced(pace, clock, 20, 0.1, 0.5), list(range(20)))
+        self.assertEqual(said, [])
+        self.assertTrue(pace.wants(19))  # asked again for the same step: the same answer
+        for bad in ("0", "1.5", "-1", "often"):
+            with self.assertRaisesRegex(ValueError, r"\(0, 1\]"):
+                save_policy.PersistPace(bad)
+
+    def test_the_environment_sets_the_share(self):
+        os.environ["BALLAST_CKPT_COPY_SHARE"] = "0.5"
+        self.addCleanup(os.environ.pop, "BALLAST_CKPT_COPY_SHARE", None)
+        self.assertEqual(save_policy.PersistPace().share, 0.5)
+
+
 class CheckpointerTest(TestCase):
     def test_save_copies_only_the_steps_save_every_picks(self):
         ckpt = ballast.Checkpointer(os.path.join(self.tmp, "c"), rank=0, world_size=1, save_every=3)
@@ -213,9 +279,32 @@ class SaveEveryAutoJob(HealthJob):
         self.assertLessEqual(resumed, 24)
         self.assertGreaterEqual(resumed, 24 - max(chosen), (resumed, chosen))
 
+    def test_costly_persists_are_paced_and_wait_still_writes_the_last_step(self):
+        # Every step asked to persist, writes allowed 1% of the time: a write of a
+        # few ms against 20 ms steps goes out once per 16 steps or more. The kill
+        # restarts the workers from memory; wait() at the end writes the last step.
+        shape = ["--steps", "40", "--persist-every", "1"]
+        clean = self.reference("", script_args=shape)
+        rc, log, events, out = self.launch("paced", "--ckpt-copy-share", "0.01", "--chaos",
+                                           "kill-worker:rank=1,at_step=24", script_args=shape)
+        self.assertEqual(rc, 0, log[-8000:])
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"]), ("done", 40), done)
+        self.assertEqual(done["sha256"], clean["sha256"], "pacing the writes must not change what the job trained")
+        every = [int(k) for k in re.findall(r"persisting at most once every (\d+) step", log)]
+        self.assertTrue(every and max(every) >= 16, log[-6000:])
+        committed = sorted({int(s) for s in re.findall(r"checkpoint step (\d+) durable on all 4 ranks", log)})
+        print(f"persist every step, --ckpt-copy-share 0.01: blocks of {every} steps, steps on disk {committed}")
+        # Each process's first call and the first of each block: a handful, not 40.
+        self.assertLessEqual(len(committed), 8, committed)
+        # (wait() returns once this rank's shard is durable; the step is complete once all four are.)
+        latest = ballast._ballast.read_latest_step(os.path.join(out, "ckpt"))
+        self.assertEqual((latest, committed[-1]), (40, 40), "wait() writes the newest step left out")
+
     def test_bad_values_get_a_clear_error(self):
         for flags, want in ((["--save-every", "0"], "--save-every 0: give a step count >= 1"),
-                            (["--mtbf", "soon"], "--mtbf soon: give a duration > 0")):
+                            (["--mtbf", "soon"], "--mtbf soon: give a duration > 0"),
+                            (["--ckpt-copy-share", "0"], "--ckpt-copy-share must be a share of the time in (0, 1]")):
             p = subprocess.run([BIN, "launch", "--nodes", "1", *flags, "train.py"], capture_output=True, text=True,
                                timeout=30)
             self.assertEqual(p.returncode, 2, p.stderr)
