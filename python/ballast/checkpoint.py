@@ -1160,7 +1160,19 @@ class Checkpointer:
             del img
         state = self._load_disk(disk_min, rank, world, device, layout)
         self.last_load_source = "disk"
+        self._reserve_like(disk_min, rank)
         return disk_min, state
+
+    def _reserve_like(self, step, rank):
+        """After a load from disk (a new node, a job restarted from its
+        files): this rank's next save will be about the size of its shard, so
+        its memory is sized and faulted now, in the background, and the first
+        save only copies, as ``reserve`` does when the script calls it."""
+        try:
+            size = os.path.getsize(_C.shard_path(self.dir, step, rank))
+        except OSError:
+            return  # saved by fewer ranks (a reshard): the first save sizes it
+        self._store.reserve_bytes(size)
 
     def _load_dcp(self, path, into):
         """A job's start from a DCP checkpoint (load(from_dcp=...))."""

@@ -870,7 +870,20 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("owner", [](const PyStore& s) { return s.store()->owner(); })
       .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"), py::arg("background") = false)
       .def("reserve", &PyStore::Reserve, py::arg("entries"), py::arg("background") = false)
+      // A save's slot sized and faulted in the background for an image of
+      // about `image_bytes` (a shard just read from disk): false when nothing
+      // was started (big enough already, or a growth under way).
+      .def("reserve_bytes",
+           [](const PyStore& s, uint64_t image_bytes) { return s.store()->Reserve(image_bytes + (64u << 10), 1); },
+           py::arg("image_bytes"))
       .def("growing", [](const PyStore& s) { return s.store()->growing(); })
+      // Each slot's sized bytes (for tests and logs).
+      .def("capacities",
+           [](const PyStore& s) {
+             std::vector<uint64_t> out;
+             for (const ckpt::SlotInfo& info : s.store()->Inspect()) out.push_back(info.capacity);
+             return out;
+           })
       .def("restore", &PyStore::Restore, py::arg("step") = py::none(), py::arg("verify") = true)
       .def("memory_step", &PyStore::MemoryStep)
       .def("steps", &PyStore::Steps)

@@ -107,6 +107,29 @@ class RoundTrip(TestCase):
         for p, q in zip(model.parameters(), model2.parameters()):
             self.assertTrue(torch.equal(p, q))
 
+    def test_a_load_from_disk_sizes_the_memory_for_the_next_save(self):
+        import time
+        state = {"w": torch.randn(4 << 20), "step": 3}  # 16 MiB
+        first = ballast.Checkpointer(os.path.join(self.tmp, "disk"), rank=0, world_size=1)
+        first.save(3, state, persist=True)
+        first.wait()
+        first.close()
+        # A new process on another machine: a fresh store, the step on disk.
+        c = ballast.Checkpointer(os.path.join(self.tmp, "disk"), rank=0, world_size=1)
+        self.addCleanup(c.close)
+        self.assertEqual(max(c._store.capacities()), 0)
+        step, got = c.load()
+        self.assertEqual((step, c.last_load_source), (3, "disk"))
+        self.assertStateEqual(state, got)
+        deadline = time.monotonic() + 30
+        while c._store.growing() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # One slot sized for the shard before any save, so the first save only copies.
+        self.assertGreaterEqual(max(c._store.capacities()), os.path.getsize(os.path.join(self.tmp, "disk",
+                                                                                          "step-3", "rank-0.ballast")))
+        c.save(4, state)
+        self.assertEqual(c.load()[0], 4)
+
     def test_reserve_sizes_the_memory_the_first_save_needs_without_reading_data(self):
         import time
         torch.manual_seed(0)
