@@ -84,6 +84,13 @@ def _median(xs):
     return 0.0 if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
 
 
+def _rank0_log():
+    """Where a decision is said: stderr on rank 0 (one line per job), nowhere on the others."""
+    if os.environ.get("RANK", "0") == "0":
+        return lambda msg: sys.stderr.write(msg + "\n")
+    return lambda msg: None
+
+
 def _env_float(name, default):
     text = os.environ.get(name, "")
     try:
@@ -130,9 +137,7 @@ class SaveInterval:
         self._t0 = clock()
         self._age0 = float(job_age_s)
         self._age_known = self._age0 > 0  # from BALLAST_JOB_START (or given)
-        if log is None:  # one line per job: rank 0's
-            log = (lambda msg: sys.stderr.write(msg + "\n")) if os.environ.get("RANK", "0") == "0" else (lambda msg: None)
-        self._log = log
+        self._log = log if log is not None else _rank0_log()
         self.interval = self.fixed or 1   # steps between copies now
         self.last_copied = None           # the newest step copied
         self._last_call = None            # (step, time, whether it copied, its blocking seconds)
@@ -284,9 +289,7 @@ class PersistPace:
             share = os.environ.get(ENV_COPY_SHARE) or DEFAULT_COPY_SHARE
         self.share = parse_share(share)
         self._clock = clock
-        if log is None:
-            log = (lambda msg: sys.stderr.write(msg + "\n")) if os.environ.get("RANK", "0") == "0" else (lambda msg: None)
-        self._log = log
+        self._log = log if log is not None else _rank0_log()
         self.every = 1            # k: at most one persist per block of k steps
         self._last_call = None    # (step, time) of the previous save() call
         self._steps = []          # seconds per step between save() calls
