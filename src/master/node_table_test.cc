@@ -104,19 +104,22 @@ TEST(NodeTable, FindFollowsJoinsRemovalsAndRejoins) {
   EXPECT_EQ(t.alive().size(), 2u);
 }
 
+// What SilentNodes must answer: every alive node looked at.
+std::vector<NodeId> SilentByFullPass(const NodeTable& t, const FakeClock& clock, double timeout_s) {
+  std::vector<NodeId> out;
+  for (const auto& [id, rec] : t.alive()) {
+    if (clock.Now() - rec.last_heartbeat > timeout_s) out.push_back(id);
+  }
+  return out;
+}
+
 // SilentNodes reads the oldest heartbeats only (the nodes in heartbeat
 // order): the order must follow joins, heartbeats, removals and a clock that
 // steps back.
 TEST(NodeTable, SilentNodesMatchesAFullPassAsHeartbeatsMove) {
   FakeClock clock(100.0);
   NodeTable t(&clock, 5.0);
-  auto full_pass = [&] {
-    std::vector<NodeId> out;
-    for (const auto& [id, rec] : t.alive()) {
-      if (clock.Now() - rec.last_heartbeat > 5.0) out.push_back(id);
-    }
-    return out;
-  };
+  auto full_pass = [&] { return SilentByFullPass(t, clock, 5.0); };
   for (int i = 0; i < 8; ++i) t.Upsert(Node("n" + std::to_string(i)), i);
   for (int step = 0; step < 60; ++step) {
     clock.Advance(step % 7 == 0 ? 6.0 : 1.0);
@@ -141,13 +144,7 @@ TEST(NodeTable, SilentNodesMatchesAFullPassAsHeartbeatsMove) {
 TEST(NodeTable, SilentNodesMatchesAFullPassUnderRandomChanges) {
   FakeClock clock(1000.0);
   NodeTable t(&clock, 5.0);
-  auto full_pass = [&] {
-    std::vector<NodeId> out;
-    for (const auto& [id, rec] : t.alive()) {
-      if (clock.Now() - rec.last_heartbeat > 5.0) out.push_back(id);
-    }
-    return out;
-  };
+  auto full_pass = [&] { return SilentByFullPass(t, clock, 5.0); };
   std::mt19937 rng(7);
   auto node = [&] { return "n" + std::to_string(rng() % 40); };
   for (int step = 0; step < 5000; ++step) {

@@ -258,17 +258,24 @@ class CheckpointerTest(TestCase):
 
 
 class SaveEveryAutoJob(HealthJob):
+    def killed_at_24(self, name, flags, shape):
+        """(log, events, output dir) of the 40-step job with `flags` and rank 1 killed at
+        step 24, after checking it ends with the weights of the job without
+        the fault (run first)."""
+        clean = self.reference("", script_args=shape)
+        rc, log, events, out = self.launch(name.replace(" ", "-"), *flags, "--chaos", "kill-worker:rank=1,at_step=24",
+                                         script_args=shape)
+        self.assertEqual(rc, 0, log[-8000:])
+        done = events[-1]
+        self.assertEqual((done["ev"], done["step"]), ("done", 40), done)
+        self.assertEqual(done["sha256"], clean["sha256"], f"{name} must not change what the job trained")
+        return log, events, out
+
     def test_a_killed_worker_loses_at_most_the_interval_and_the_job_ends_as_without_the_fault(self):
         # 16 MiB more state per rank: a copy of at least ~3 ms, steps of 0.05-0.15 s, an MTBF
         # of 60 s: sqrt(2 C M) >= 0.6 s, an interval of 4 steps or more.
         shape = ["--steps", "40", "--step-time", "0.05", "--persist-every", "0", "--pad-mb", "16"]
-        clean = self.reference("", script_args=shape)
-        rc, log, events, out = self.launch("auto", "--save-every", "auto", "--mtbf", "60s", "--chaos",
-                                           "kill-worker:rank=1,at_step=24", script_args=shape)
-        self.assertEqual(rc, 0, log[-8000:])
-        done = events[-1]
-        self.assertEqual((done["ev"], done["step"]), ("done", 40), done)
-        self.assertEqual(done["sha256"], clean["sha256"], "save_every auto must not change what the job trained")
+        log, events, _ = self.killed_at_24("save_every auto", ["--save-every", "auto", "--mtbf", "60s"], shape)
         chosen = [int(n) for n in re.findall(r"save_every auto: copying every (\d+) step", log)]
         self.assertTrue(chosen and max(chosen) >= 3, log[-6000:])
         starts = [e for e in events if e["ev"] == "start"]
@@ -284,14 +291,8 @@ class SaveEveryAutoJob(HealthJob):
         # 30 us or more against steps of 20-30 ms goes out once per 2 steps or
         # more (a few ms: once per 64 or more). The kill restarts the workers
         # from memory; wait() at the end writes the last step.
-        shape = ["--steps", "40", "--persist-every", "1"]
-        clean = self.reference("", script_args=shape)
-        rc, log, events, out = self.launch("paced", "--ckpt-copy-share", "0.001", "--chaos",
-                                           "kill-worker:rank=1,at_step=24", script_args=shape)
-        self.assertEqual(rc, 0, log[-8000:])
-        done = events[-1]
-        self.assertEqual((done["ev"], done["step"]), ("done", 40), done)
-        self.assertEqual(done["sha256"], clean["sha256"], "pacing the writes must not change what the job trained")
+        log, _, out = self.killed_at_24("paced persists", ["--ckpt-copy-share", "0.001"],
+                                        ["--steps", "40", "--persist-every", "1"])
         every = [int(k) for k in re.findall(r"persisting at most once every (\d+) step", log)]
         self.assertTrue(every and max(every) >= 2, log[-6000:])
         committed = sorted({int(s) for s in re.findall(r"checkpoint step (\d+) durable on all 4 ranks", log)})
