@@ -84,7 +84,7 @@ test: test-setup
 unit: build torch2 test-wheels ray
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)
 
-integration: build k8s-binaries torch2 test-wheels ray
+integration: test-setup
 	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
 
 kubernetes: build k8s-binaries

@@ -874,7 +874,7 @@ PYBIND11_MODULE(_ballast, m) {
       // about `image_bytes` (a shard just read from disk): false when nothing
       // was started (big enough already, or a growth under way).
       .def("reserve_bytes",
-           [](const PyStore& s, uint64_t image_bytes) { return s.store()->Reserve(image_bytes + (64u << 10), 1); },
+           [](const PyStore& s, uint64_t image_bytes) { return ckpt::ReserveForImage(s.store().get(), image_bytes); },
            py::arg("image_bytes"))
       .def("growing", [](const PyStore& s) { return s.store()->growing(); })
       // Each slot's sized bytes (for tests and logs).

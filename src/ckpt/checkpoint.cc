@@ -195,12 +195,16 @@ absl::StatusOr<uint64_t> CheckpointWriter::Reserve(const std::vector<EntryView>&
   entries.reserve(views.size());
   for (const EntryView& v : views) entries.push_back(Entry{v.key, v.dtype, v.shape, 0, v.nbytes});
   ASSIGN_OR_RETURN(Layout layout, PlanLayout(&entries));
+  (void)ReserveForImage(store_, layout.image_bytes);
+  return layout.image_bytes;
+}
+
+bool ReserveForImage(SlotStore* store, uint64_t image_bytes) {
   // The slot the first save takes; that save grows the others in the
   // background (a save waits while any slot grows, so growing them all now
   // would only delay it). 64 KiB of slack: the real saves' metadata (step
   // numbers, small values) can come out a little bigger than the sized one.
-  (void)store_->Reserve(layout.image_bytes + (64u << 10), 1);
-  return layout.image_bytes;
+  return store->Reserve(image_bytes + (64u << 10), 1);
 }
 
 absl::StatusOr<Snapshot> RestoreFromShm(SlotStore* store, const RestoreOptions& options) {

@@ -116,6 +116,13 @@ struct Extract {
 uint64_t CopyOutAndChecksum(const uint8_t* data, uint64_t data_bytes, const std::vector<Extract>& extracts,
                             CopyPool* pool);
 
+// Sizes and faults, in the background, the slot the next save of an image of
+// about `image_bytes` takes (CheckpointWriter::Reserve's plan, or a shard just
+// read from disk), with slack for the metadata a real save's image may add
+// (step numbers, small values). That save grows the other slots. False when
+// nothing was started (SlotStore::Reserve).
+bool ReserveForImage(SlotStore* store, uint64_t image_bytes);
+
 // The newest committed step in the store (never a torn one), validated.
 // kNotFound when the store holds no committed step. The snapshot pins its slot
 // until destroyed and must not outlive the store.
