@@ -122,13 +122,21 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
     if (key(h) < key(*blamed)) blamed = &h;
   }
   const WorkerInfo& w = *blamed->worker;
+  // Killed when it is where the hang starts as far as this node can tell
+  // (outside a collective, or not answering the dump: the other ranks wait for
+  // it). A rank that waits in a collective waits for another node's: killing it
+  // would make that node's ranks fail with "connection closed", a crash that
+  // can reach the master before that node's own hang report. The master
+  // blames among the nodes' reports, and its next round stops every worker.
+  const bool kill = health::HangBlameTier(blamed->stack.found, blamed->stack.in_collective) < 2;
   const std::string last_step = blamed->cell.timestamp_ns == 0 ? "none" : absl::StrCat(blamed->cell.step);
   spdlog::error("worker hung: no progress for {:.1f} s (limit {:.0f} s, {}; last step {}) node={} rank={} "
-                "local_rank={} round={}{}",
+                "local_rank={} round={}{}{}",
                 blamed->verdict.idle_s, blamed->verdict.limit_s, blamed->verdict.phase, last_step, options_.node_id,
                 w.global_rank, w.local_rank, round,
-                blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "");
-  hooks_.kill_group(w);
+                blamed->stack.found ? absl::StrCat("; at ", blamed->stack.top_frame) : "",
+                kill ? "" : "; left running: it waits in a collective, and the next round stops it");
+  if (kill) hooks_.kill_group(w);
   // Reported with the hang as its cause; the reaped SIGKILL (and the other
   // workers' failures that follow it) are then consequences.
   v1::FailureReport report;
@@ -136,7 +144,7 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
   report.set_round(round);
   report.set_local_rank(w.local_rank);
   report.set_global_rank(w.global_rank);
-  report.set_signal(SIGKILL);
+  if (kill) report.set_signal(SIGKILL);
   report.set_stderr_tail(absl::StrCat("no progress for ", static_cast<int>(blamed->verdict.idle_s), " s (",
                                       blamed->verdict.phase, ", last step ", last_step, ")",
                                       blamed->stack.found ? absl::StrCat("; stack top: ", blamed->stack.top_frame,
@@ -151,7 +159,7 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
   report.set_hang_in_collective(blamed->stack.in_collective);
   report.set_hang_top_frame(blamed->stack.top_frame);
   health::FailureEvidence evidence;
-  evidence.signal = SIGKILL;
+  evidence.signal = kill ? SIGKILL : 0;
   evidence.hang = true;
   health::FailureClass fc = health::Classify(evidence);
   report.set_cause(fc.cause);

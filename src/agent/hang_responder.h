@@ -1,7 +1,9 @@
 // The agent's response to a hang (--hang-timeout): decides from the progress
 // cells which running workers hang (CheckHang), dumps every running worker's
-// Python stacks, blames one hung worker, kills its process group and builds
-// the failure report with the hang evidence.
+// Python stacks, blames one hung worker, kills its process group (unless it
+// waits in a collective: then the hang started on another node, and the
+// master's next round stops it) and builds the failure report with the hang
+// evidence.
 //
 // Blame: in data-parallel training the healthy ranks end up waiting in a
 // collective for the hung one, so a rank stopped outside any collective is
@@ -62,7 +64,7 @@ class HangResponder {
 
   // One check of round `round`, whose workers started at round_started_ns.
   // With a hung worker: dumps the stacks, kills the blamed worker's process
-  // group and returns its failure report (cause and kind from
+  // group unless it waits in a collective, and returns its failure report (cause and kind from
   // health::Classify); else nullopt.
   std::optional<v1::FailureReport> Check(uint64_t now_ns, uint64_t round_started_ns, int64_t round);
 

@@ -205,6 +205,13 @@ TEST_F(HangResponderTest, ThenTheLowestStepThenTheOldestProgress) {
     EXPECT_EQ(report->local_rank(), 2);
     EXPECT_TRUE(report->hang_in_collective());
     EXPECT_THAT(report->stderr_tail(), HasSubstr("(waiting in a collective)"));
+    // Every rank here waits for another node's: none is killed (their
+    // "connection closed" would reach the master as a crash, maybe before that
+    // node's hang report), and the report says hung, not killed.
+    EXPECT_TRUE(n.killed.empty());
+    EXPECT_EQ(report->signal(), 0);
+    EXPECT_EQ(report->cause(), "hung (no progress)");
+    EXPECT_EQ(report->kind(), "hang");
   }
   // A worker that does not answer the dump (SIGSTOPped, stuck outside
   // Python) while the others wait in a collective is blamed before them,

@@ -93,6 +93,13 @@ std::string How(const FailureEvidence& e) {
 
 }  // namespace
 
+bool LooksLikePeerLoss(std::string_view stderr_tail) {
+  static const std::regex re(
+      R"(Connection closed by peer|Connection reset by peer|Broken pipe|ncclRemoteError|remote process exited)",
+      std::regex::ECMAScript | std::regex::optimize);
+  return !MatchingLine(stderr_tail, re).empty();
+}
+
 FailureClass Classify(const FailureEvidence& e) {
   static const std::vector<std::regex> patterns = [] {
     std::vector<std::regex> v;

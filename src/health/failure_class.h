@@ -60,6 +60,12 @@ struct FailureClass {
 
 FailureClass Classify(const FailureEvidence& evidence);
 
+// Whether a worker's last stderr lines say a collective lost its peer (gloo's
+// "Connection closed by peer" / "Connection reset by peer", a broken pipe,
+// NCCL's remote error): the usual consequence of another rank's death or
+// kill, so a crash that says so is blamed after one that does not.
+bool LooksLikePeerLoss(std::string_view stderr_tail);
+
 // "exit-code", "killed", "oom-killed", "out-of-memory", "segfault", "abort",
 // "cuda-error", "nccl-error", "hang", "check-failed", "unreachable",
 // "store-timeout", "node-lost", "checkpoint-lost", "nan", "loss-spike", "sdc".

@@ -111,5 +111,16 @@ TEST(FailureKindName, ParseIsItsInverseAndRefusesOtherText) {
   EXPECT_EQ(ParseFailureKind("unknown"), std::nullopt);
 }
 
+TEST(LooksLikePeerLoss, GlooAndNcclLinesThatSayAPeerWentAway) {
+  EXPECT_TRUE(LooksLikePeerLoss("Traceback\nRuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+                                "[127.0.0.1]:908\n"));
+  EXPECT_TRUE(LooksLikePeerLoss("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+                                "[10.0.0.2]:21202: Connection reset by peer"));
+  EXPECT_TRUE(LooksLikePeerLoss("torch.distributed.DistBackendError: NCCL error: remote process exited or there "
+                                "was a network error, NCCL version 2.21.5\nncclRemoteError: ..."));
+  EXPECT_FALSE(LooksLikePeerLoss("ValueError: bad batch\n"));
+  EXPECT_FALSE(LooksLikePeerLoss(""));
+}
+
 }  // namespace
 }  // namespace ballast::health

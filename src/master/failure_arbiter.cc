@@ -62,11 +62,16 @@ std::string FailureArbiter::OrderForBlame(std::vector<Held>* reports) {
   // A bad loss first (its agent stopped the workers: the other ranks'
   // crashes follow from it), then hangs (a crash in the same window follows
   // from the hung worker being killed), blamed in order: outside a
-  // collective, lowest step, longest without progress.
+  // collective, lowest step, longest without progress; then crashes, those
+  // that say a collective lost its peer last (another rank's death made them,
+  // and their report can arrive before the dead rank's).
   auto key = [](const Held& h) {
     const v1::FailureReport& r = h.report;
     const bool hang = IsHangReport(r);
-    const int cls = FaultPolicy::IsHealthReport(r) ? 0 : (hang ? 1 : 2);
+    const int cls = FaultPolicy::IsHealthReport(r) ? 0
+                    : hang                         ? 1
+                    : health::LooksLikePeerLoss(r.stderr_tail()) ? 3
+                                                                 : 2;
     return std::make_tuple(cls, hang ? health::HangBlameTier(r.hang_stack_found(), r.hang_in_collective()) : 0,
                            hang ? r.hang_last_step() : 0,
                            hang ? -r.hang_idle_s() : 0.0);

@@ -9,8 +9,9 @@
 // restart), and the hang reports of the other nodes arrive. Once every member
 // has reported, nothing more is awaited and the settle time ends. Reports of an
 // older round are dropped when a world change came first. Of the reports
-// decided together, hangs are blamed before crashes, and the hung rank
-// outside a collective before those waiting in one (OrderForBlame).
+// decided together, hangs are blamed before crashes, the hung rank outside a
+// collective before those waiting in one, and a crash that says a collective
+// lost its peer after any other crash (OrderForBlame).
 //
 // Threading: no lock of its own; runs under the JobMaster's lock.
 #pragma once

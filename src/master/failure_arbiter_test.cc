@@ -109,5 +109,30 @@ TEST(FailureArbiter, ABadLossIsBlamedBeforeTheCrashesAndHangsItCaused) {
   EXPECT_EQ(held[1].report.node_id(), "b");
 }
 
+// A rank SIGKILLed on node a; node b's ranks fail in their next allreduce
+// ("Connection closed by peer") and b's report arrives first: the kill is
+// blamed, whatever the order of arrival; a crash that says nothing of a peer
+// keeps its place before them.
+TEST(FailureArbiter, ACrashFromALostPeerIsBlamedAfterTheFailureThatCausedIt) {
+  v1::FailureReport peer = Report("b", 1);
+  peer.set_exit_code(1);
+  peer.set_stderr_tail(
+      "Traceback (most recent call last):\nRuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by "
+      "peer [127.0.0.1]:908\n");
+  v1::FailureReport killed = Report("a", 1, "killed");
+  killed.set_signal(9);
+  std::vector<FailureArbiter::Held> held = {{peer, "hb", 0}, {killed, "ha", 0.1}};
+  EXPECT_EQ(FailureArbiter::OrderForBlame(&held), "");
+  EXPECT_EQ(held[0].report.node_id(), "a");
+  v1::FailureReport other = Report("c", 1);
+  other.set_exit_code(3);
+  other.set_stderr_tail("ValueError: bad batch\n");
+  held = {{peer, "hb", 0}, {other, "hc", 0.1}, {killed, "ha", 0.2}};
+  FailureArbiter::OrderForBlame(&held);
+  EXPECT_EQ(held[0].report.node_id(), "c");  // the first of the crashes that are not a peer's loss
+  EXPECT_EQ(held[1].report.node_id(), "a");
+  EXPECT_EQ(held[2].report.node_id(), "b");
+}
+
 }  // namespace
 }  // namespace ballast::master
