@@ -286,6 +286,7 @@ void JobMaster::RestoreDecisions(double now) {
       d = MakeStartRound(*m, world_);
     } else if (precheck_.excluded.count(id) > 0) {
       d.mutable_excluded()->set_reason(precheck_.excluded[id]);
+      d.mutable_excluded()->set_rollback_below(rollback_below_);  // as ExcludeNode sent it
     } else {
       d.mutable_wait()->set_reason(state_ == JobState::kRunning ? SurplusReason() : RendezvousWaitReason(now));
     }

@@ -584,6 +584,44 @@ TEST_F(JournalRestartTest, AMasterRestartedAfterARollbackResumesBelowItsStep) {
   EXPECT_EQ(journal_->state().ckpt_dirs(0).committed(), 6);
 }
 
+// Silent data corruption on node c: c is excluded and the others roll back
+// below the bad step. A master that restarts before c's agent read its
+// decision re-sends the exclusion with the rollback in it, so c still drops
+// its newest steps and writes the rollback target before it exits.
+TEST_F(JournalRestartTest, AnExclusionReSentAfterARestartStillCarriesTheRollback) {
+  JobMasterOptions o = Options();
+  o.max_nodes = 3;
+  Start(o);
+  for (const char* id : {"a", "b", "c"}) Join(id);
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(Last(id).has_start_round()) << id;
+  auto fingerprint = [&](const std::string& id, int rank, int64_t step, uint64_t value) {
+    v1::ProgressReport p;
+    p.set_node_id(id);
+    p.set_round(1);
+    p.set_step(step);
+    v1::Fingerprint* f = p.add_fingerprints();
+    f->set_rank(rank);
+    f->set_step(step);
+    f->set_value(value);
+    f->set_group(9);
+    return jm_->ReportProgress(p);
+  };
+  for (auto [id, rank] : std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}, {"c", 2}}) {
+    ASSERT_TRUE(fingerprint(id, rank, 100, 77).ok());
+  }
+  ASSERT_TRUE(fingerprint("a", 0, 200, 5).ok());
+  ASSERT_TRUE(fingerprint("b", 1, 200, 5).ok());
+  ASSERT_TRUE(fingerprint("c", 2, 200, 6).ok());
+  ASSERT_EQ(Last("a").start_round().rollback_below(), 101);
+
+  Start(o);  // the crash and restart; c's agent had not read its exclusion
+  v1::Decision d = Last("c");
+  ASSERT_TRUE(d.has_excluded()) << d.DebugString();
+  EXPECT_EQ(d.excluded().rollback_below(), 101);
+  EXPECT_NE(d.excluded().reason().find("silent data corruption"), std::string::npos) << d.excluded().reason();
+  EXPECT_EQ(Last("a").start_round().rollback_below(), 101);
+}
+
 TEST_F(JournalRestartTest, ARestartedMasterStillPromotesTheLongestWaitingSpare) {
   auto join = [&](const std::string& id, int hint) {
     v1::JoinRequest req;
