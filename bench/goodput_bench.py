@@ -22,7 +22,7 @@ numbers go into notes and docs.
 usage: goodput_bench.py [--ballast build/bin/ballast] [--steps 500] [--step-time 0.36]
                         [--state-mb 64] [--kill-every 60] [--nproc 2] [--trials N] [--json FILE]
 issue 31's run (1 x 2, 64 MB, kills at steps 220 and 440 of 660):
-       goodput_bench.py --steps 660 --step-time 0.3 --kill-every 66 --no-clean
+       goodput_bench.py --steps 660 --step-time 0.3 --kill-every 66 --no-clean [--mtbf 1m]
 """
 import argparse
 import json
@@ -135,6 +135,9 @@ def main():
     p.add_argument("--no-clean", action="store_true", help="skip the failure-free runs")
     p.add_argument("--trials", type=int, default=1,
                    help="runs per row: the row shows the run of median goodput, and every run's goodput")
+    p.add_argument("--mtbf", default=None,
+                   help="adds a row: --save-every auto with this MTBF prior (e.g. 1m: what a user who knows the "
+                        "failure rate passes)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     compute = a.steps * a.step_time
@@ -148,6 +151,9 @@ def main():
         "ballast --save-every auto (the interval from the measured costs and failure rate)":
             lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
                      "--max-restarts", str(kills + 2), "--save-every", "auto"],
+        **({f"ballast --save-every auto --mtbf {a.mtbf} (the user's prior for the failure rate)":
+            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
+                     "--max-restarts", str(kills + 2), "--save-every", "auto", "--mtbf", a.mtbf]} if a.mtbf else {}),
         f"torch elastic_launch (monitor 0.1 s) + torch.save every {a.torch_every} steps":
             lambda: [PY, os.path.join(HERE, "torch_elastic_baseline.py"), "--nproc-per-node", str(a.nproc),
                      "--monitor-interval", "0.1", "--max-restarts", str(kills + 2), "--port", str(free_port())],

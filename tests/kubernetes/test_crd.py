@@ -155,6 +155,9 @@ class ElasticJobCRDTest(unittest.TestCase):
             self.assertEqual(p.returncode, 0, f"saveEvery {every!r}" + out(p))
             spec = self.get(f"save-{i}")["spec"]
             self.assertEqual((spec["saveEvery"], spec["mtbf"]), (every, "6h"))
+        p = self.apply(job("share", ckptCopyShare=0.1))
+        self.assertEqual(p.returncode, 0, out(p))
+        self.assertEqual(self.get("share")["spec"]["ckptCopyShare"], 0.1)
         # accepted node counts (pattern + the CEL MIN <= MAX rule)
         for i, nodes in enumerate(["1", "3:3", "16:1024"]):
             p = self.apply(job(f"nodes-{i}", nodes=nodes))
@@ -185,6 +188,8 @@ class ElasticJobCRDTest(unittest.TestCase):
             ("spares -1", job(spares=-1), ["spec.spares", "greater than or equal to 0"]),
             ("pendingTimeoutSeconds 0", job(pendingTimeoutSeconds=0),
              ["spec.pendingTimeoutSeconds", "greater than or equal to 1"]),
+            ("ckptCopyShare 0", job(ckptCopyShare=0), ["spec.ckptCopyShare", "greater than 0"]),
+            ("ckptCopyShare 2", job(ckptCopyShare=2), ["spec.ckptCopyShare", "less than or equal to 1"]),
         ]
         for what, obj, needles in cases:
             with self.subTest(what):

@@ -200,6 +200,12 @@ absl::StatusOr<ElasticJobSpec> ParseElasticJob(const Json& obj) {
       return absl::InvalidArgumentError(absl::StrCat("ElasticJob ", m.status().message()));
     }
   }
+  if (auto it = spec.find("ckptCopyShare"); it != spec.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() <= 0 || it->get<double>() > 1) {
+      return Invalid("ckptCopyShare", "must be a share of the time above 0 and at most 1, e.g. 0.25");
+    }
+    j.ckpt_copy_share = it->get<double>();
+  }
   j.master_image = StrField(spec, "masterImage");
   const Json* tmpl = kube::Find(spec, {"template"});
   if (tmpl == nullptr || !tmpl->is_object()) return Invalid("template", "required: a pod template for the workers");
@@ -302,6 +308,7 @@ absl::StatusOr<Json> BuildWorkerPod(const ElasticJobSpec& job, const WorkerPodPa
   if (!job.warm_modules.empty()) cmd.insert(cmd.end(), {"--warm-modules", job.warm_modules});
   if (!job.save_every.empty()) cmd.insert(cmd.end(), {"--save-every", job.save_every});
   if (!job.mtbf.empty()) cmd.insert(cmd.end(), {"--mtbf", job.mtbf});
+  if (job.ckpt_copy_share > 0) cmd.insert(cmd.end(), {"--ckpt-copy-share", absl::StrCat(job.ckpt_copy_share)});
   for (std::string& a : WrapTrainingCommand(user)) cmd.push_back(std::move(a));
   c["command"] = cmd;
   c.erase("args");

@@ -71,6 +71,7 @@ struct ElasticJobSpec {
   std::string warm_modules;  // spec.warmModules: --warm-modules of the agents
   std::string save_every;    // spec.saveEvery: --save-every ("N", "auto", "auto:MAX"; "" = every save copies)
   std::string mtbf;          // spec.mtbf: --mtbf (a duration: "90m", "6h"; "" = the default prior)
+  double ckpt_copy_share = 0;  // spec.ckptCopyShare: --ckpt-copy-share (0 < F <= 1; 0 = the agents' default)
   std::string checkpoint_dir;
   int pending_timeout_s = 120;
   bool cordon_bad_nodes = false;

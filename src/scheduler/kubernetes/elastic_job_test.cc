@@ -81,6 +81,9 @@ TEST(ParseElasticJob, BadFieldsAreNamed) {
       {{{"saveEvery", "sometimes"}}, "spec.saveEvery"},
       {{{"saveEvery", true}}, "spec.saveEvery"},
       {{{"mtbf", "soon"}}, "spec.mtbf"},
+      {{{"ckptCopyShare", 0}}, "spec.ckptCopyShare"},
+      {{{"ckptCopyShare", 1.5}}, "spec.ckptCopyShare"},
+      {{{"ckptCopyShare", "half"}}, "spec.ckptCopyShare"},
   };
   for (const Case& c : cases) {
     auto j = ParseElasticJob(Job(c.overrides));
@@ -113,6 +116,7 @@ TEST(ParseElasticJob, SaveEveryTakesAStepCountAsAnIntegerOrAString) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->save_every, "");
   EXPECT_EQ(none->mtbf, "");
+  EXPECT_EQ(none->ckpt_copy_share, 0);
 }
 
 TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
@@ -121,7 +125,8 @@ TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
                                   {"checkpointDir", "/ckpt"},
                                   {"warmModules", "transformers,numpy"},
                                   {"saveEvery", "auto:50"},
-                                  {"mtbf", "6h"}}));
+                                  {"mtbf", "6h"},
+                                  {"ckptCopyShare", 0.1}}));
   ASSERT_TRUE(job.ok());
   WorkerPodParams p;
   p.node_rank = 1;
@@ -148,7 +153,7 @@ TEST(BuildWorkerPod, WrapsTheCommandAndKeepsTheTemplate) {
                                "--nnodes", "2:4", "--nproc-per-node", "2", "--node-rank", "1", "--max-restarts", "3",
                                "--node-unit", "1", "--local-addr", "$(BALLAST_POD_IP)", "--network-check",
                                "--hang-timeout", "60", "--warm-modules", "transformers,numpy", "--save-every",
-                               "auto:50", "--mtbf", "6h", "--python", "python3",
+                               "auto:50", "--mtbf", "6h", "--ckpt-copy-share", "0.1", "--python", "python3",
                                "/w/train.py", "--epochs", "3"));
   std::map<std::string, Json> env;
   for (const Json& e : c["env"]) env[e["name"]] = e;
