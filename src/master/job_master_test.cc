@@ -1,4 +1,5 @@
 #include "master/job_master.h"
+#include "master/test_reports.h"
 
 #include <cmath>
 
@@ -1517,13 +1518,7 @@ TEST_F(JobMasterTest, ADivergedReplicaIsExcludedAndTheRestRollBackToTheLastAgree
   Add("c", 2);
   for (const char* id : {"a", "b", "c"}) Drain(id);
   auto fingerprints = [&](const std::string& id, int rank, int64_t step, uint64_t value) {
-    v1::ProgressReport p = Progress(id, 1, step);
-    v1::Fingerprint* f = p.add_fingerprints();
-    f->set_rank(rank);
-    f->set_step(step);
-    f->set_value(value);
-    f->set_group(9);
-    return jm_->ReportProgress(p);
+    return jm_->ReportProgress(test_reports::FingerprintReport(id, 1, rank, step, value));
   };
   for (auto [id, rank] : std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}, {"c", 2}}) {
     ASSERT_TRUE(fingerprints(id, rank, 100, 77).ok());

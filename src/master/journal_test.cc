@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "master/job_master.h"
+#include "master/test_reports.h"
 
 namespace ballast::master {
 namespace {
@@ -595,16 +596,7 @@ TEST_F(JournalRestartTest, AnExclusionReSentAfterARestartStillCarriesTheRollback
   for (const char* id : {"a", "b", "c"}) Join(id);
   for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(Last(id).has_start_round()) << id;
   auto fingerprint = [&](const std::string& id, int rank, int64_t step, uint64_t value) {
-    v1::ProgressReport p;
-    p.set_node_id(id);
-    p.set_round(1);
-    p.set_step(step);
-    v1::Fingerprint* f = p.add_fingerprints();
-    f->set_rank(rank);
-    f->set_step(step);
-    f->set_value(value);
-    f->set_group(9);
-    return jm_->ReportProgress(p);
+    return jm_->ReportProgress(test_reports::FingerprintReport(id, 1, rank, step, value));
   };
   for (auto [id, rank] : std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}, {"c", 2}}) {
     ASSERT_TRUE(fingerprint(id, rank, 100, 77).ok());

@@ -49,6 +49,11 @@ class ChaosDrills(HealthJob):
                               r"\(node rank 1\): hung \(no progress\)", log[-12000:])
         self.assertIn("blaming rank 2 on node node-1 (it did not answer the stack dump", log)
         self.assertIn("2 failures (1 hang, 1 killed)", log)
+        # Node 0's ranks only wait for rank 2 in a collective: when its agent
+        # sees them hung before rank 2 is killed, it kills none of them (a kill
+        # there would make node 1's ranks crash, a report that can beat node 1's).
+        for line in re.findall(r"worker hung: no progress .* node=node-0 .*", log):
+            self.assertIn("left running: it waits in a collective", line)
 
     def test_a_node_lost_at_a_step_is_replaced_and_resumes_from_replicas(self):
         clean = self.reference("")
