@@ -98,16 +98,39 @@ std::optional<v1::FailureReport> HangResponder::Check(uint64_t now, uint64_t rou
   // ms before it and wait for it in the next collective. Judged again at the
   // end of the dumps (which take at least 50 ms a worker), it is among the
   // hung ones the blame below chooses from.
-  judge(now + static_cast<uint64_t>(
-                  std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - check_started).count()));
+  const uint64_t after_dumps =
+      now + static_cast<uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - check_started).count());
+  judge(after_dumps);
+  std::vector<std::pair<const WorkerInfo*, health::StackSummary>> silent;  // dumped, not hung, no dump came
   for (const WorkerInfo* o : dumped) {
     health::StackSummary st = health::SummarizeStackDump(hooks_.take_dump(o->local_rank));
     spdlog::info("rank {} (local rank {}): {}", o->global_rank, o->local_rank,
                  !st.found          ? "no stack dump (stopped, stuck outside Python, or it did not import ballast)"
                  : st.in_collective ? absl::StrCat("waiting in a collective at ", st.top_frame)
                                     : absl::StrCat("stopped outside any collective at ", st.top_frame));
+    bool is_hung = false;
     for (Hung& h : hung) {
-      if (h.worker->local_rank == o->local_rank) h.stack = st;
+      if (h.worker->local_rank == o->local_rank) {
+        h.stack = st;
+        is_hung = true;
+      }
+    }
+    if (!is_hung && !st.found) silent.emplace_back(o, st);
+  }
+  // Every hung rank waits in a collective, and a rank of this node that is not
+  // past its own limit (inside a checkpoint save's grace, say) did not answer
+  // the dump: stopped or stuck outside Python, it is the one they wait for
+  // (SIGSTOPped inside a save: the drill `hang` on a loaded machine). A rank
+  // that answers from outside a collective (a long save still running) is
+  // not: the others wait for it, and nothing hangs.
+  const bool all_wait = std::all_of(hung.begin(), hung.end(),
+                                    [](const Hung& h) { return h.stack.found && h.stack.in_collective; });
+  if (all_wait) {
+    for (const auto& [o, st] : silent) {
+      const std::optional<CellSnapshot> c = hooks_.read_cell(o->local_rank);
+      if (!c.has_value()) continue;
+      hung.push_back({o, *c, CheckHang(*c, after_dumps, round_started_ns, options_.hang), st});
     }
   }
   // Blame: a rank outside a collective (the others wait for it), then one

@@ -193,6 +193,40 @@ TEST_F(HangResponderTest, AWorkerThatCrossesTheLimitDuringTheDumpsIsJudgedToo) {
   EXPECT_THAT(node_.killed, ElementsAre(1001));
 }
 
+// The drill `hang` on a loaded machine: rank 1 is SIGSTOPped inside its
+// checkpoint save, so its own limit is the checkpoint grace and it is not hung;
+// rank 0 waits for it in the next allreduce and is. Rank 1 answers no dump:
+// it is the one blamed and killed, not the rank that waits for it.
+TEST_F(HangResponderTest, ARankStoppedInsideASaveIsBlamedOverTheRankWaitingForIt) {
+  node_.Add(0, Cell(10, 185), kInCollective);
+  CellSnapshot saving = Cell(10, 186);
+  saving.checkpoint_ns = 186 * kS;  // inside a save: the checkpoint grace (600 s) applies
+  node_.Add(1, saving);             // no dump: stopped
+  HangResponder r = Responder();
+  std::optional<v1::FailureReport> report = r.Check(200 * kS, kStarted, 4);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->local_rank(), 1);
+  EXPECT_FALSE(report->hang_stack_found());
+  EXPECT_EQ(report->signal(), SIGKILL);
+  EXPECT_THAT(node_.killed, ElementsAre(1001));
+}
+
+// A rank that answers from outside a collective inside its save's grace is
+// still saving (a long save): the rank waiting for it is reported, and
+// nobody is killed.
+TEST_F(HangResponderTest, ARankStillSavingIsNotBlamed) {
+  node_.Add(0, Cell(10, 185), kInCollective);
+  CellSnapshot saving = Cell(10, 186);
+  saving.checkpoint_ns = 186 * kS;
+  node_.Add(1, saving, kOutside);
+  HangResponder r = Responder();
+  std::optional<v1::FailureReport> report = r.Check(200 * kS, kStarted, 4);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->local_rank(), 0);
+  EXPECT_TRUE(report->hang_in_collective());
+  EXPECT_TRUE(node_.killed.empty());
+}
+
 TEST_F(HangResponderTest, ThenTheLowestStepThenTheOldestProgress) {
   {
     FakeNode& n = node_;

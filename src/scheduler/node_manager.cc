@@ -87,13 +87,16 @@ void NodeManager::OnNodeExcluded(const std::string& node_id, const std::string& 
   notices_.push_back({node_id, reason, true});
 }
 
-void NodeManager::Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished) {
+void NodeManager::Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished,
+                       double release_after_s) {
   auto r = rank_of_.find(name);
   if (r == rank_of_.end() || handled_.count(name) > 0) return;  // not ours, or seen already
   handled_.insert(name);
   Slot& slot = slots_[r->second];
   if (slot.name != name) return;  // an older incarnation: already replaced
-  if (still_running) {
+  if (still_running && release_after_s > 0) {
+    deferred_[name] = Deferred{options_.now() + release_after_s, cause};
+  } else if (still_running) {
     absl::Status s = scheduler_->ReleaseNode(name, cause, options_.release_grace_s);
     if (!s.ok() && !absl::IsNotFound(s)) spdlog::warn("cannot release {}: {}", Describe(name), std::string(s.message()));
   }
@@ -151,9 +154,11 @@ void NodeManager::Poll(bool job_finished) {
     }
     // The master is the truth: a node it lost or excluded is gone even when
     // its agent still runs (hung, partitioned): release it, then replace it.
+    // An excluded one first gets the time to exit by itself (file comment).
     Gone(n.node_id, n.excluded ? absl::StrCat("excluded: ", n.reason) : n.reason, /*still_running=*/true,
-         job_finished);
+         job_finished, n.excluded ? options_.excluded_exit_s : 0);
   }
+  ReleaseDeferred(events);
   for (const NodeEvent& e : events) {
     if (rank_of_.count(e.name) == 0) continue;
     switch (e.kind) {
@@ -177,6 +182,26 @@ void NodeManager::Poll(bool job_finished) {
               true);
         break;
     }
+  }
+}
+
+void NodeManager::ReleaseDeferred(const std::vector<NodeEvent>& events) {
+  for (const NodeEvent& e : events) {
+    if (e.kind == NodeEvent::Kind::kExited) deferred_.erase(e.name);
+  }
+  const double now = options_.now();
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    if (it->second.at > now) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("{} still runs {:.0f} s after it was excluded: stopping it", Describe(it->first),
+                 options_.excluded_exit_s);
+    absl::Status s = scheduler_->ReleaseNode(it->first, it->second.cause, options_.release_grace_s);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      spdlog::warn("cannot release {}: {}", Describe(it->first), std::string(s.message()));
+    }
+    it = deferred_.erase(it);
   }
 }
 

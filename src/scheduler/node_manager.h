@@ -7,7 +7,11 @@
 // pre-flight check). A replacement is the rank's next incarnation, placed
 // away from every host where a node was excluded, as long as the replacement
 // budget lasts; a node the master lost while its agent still runs is released
-// first (no two agents of one rank). Once the job finished nothing is
+// first (no two agents of one rank). An excluded node's agent exits by itself
+// once it has dropped the steps a rollback discards and written the rollback
+// target (the replacement reads it from disk): it is released only if it still
+// runs excluded_exit_s after the exclusion (hung, or cut off from the master),
+// so that a stop cannot overtake that write. Once the job finished nothing is
 // replaced, nor is a node whose agent exited 0 (an agent does that only when
 // the job succeeded). Nodes pending past the backend's timeout are reported, and kept:
 // the job goes on with the nodes it has (the master scales down to >= MIN) and
@@ -19,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -35,6 +40,13 @@ struct NodeManagerOptions {
   int initial_nodes = 1;     // node ranks 0..initial_nodes-1
   int max_replacements = 3;  // nodes replaced before giving up
   double release_grace_s = 5;
+  // How long an excluded node's agent has to exit by itself before it is
+  // released (see the file comment).
+  double excluded_exit_s = 10;
+  // Seconds on a monotonic clock (tests pass their own).
+  std::function<double()> now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   // The node's name (and agent node id) for an incarnation of a rank.
   std::function<std::string(int node_rank, int incarnation)> name = [](int rank, int inc) {
     return "node-" + std::to_string(rank) + (inc > 1 ? "-" + std::to_string(inc) : "");
@@ -89,8 +101,12 @@ class NodeManager {
     std::string reason;
     bool excluded = false;
   };
-  // The node is gone: release it if it may still run, then replace it.
-  void Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished);
+  // The node is gone: release it if it may still run (after release_after_s,
+  // unless it exits by then), then replace it.
+  void Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished,
+            double release_after_s = 0);
+  // Releases the deferred nodes whose time came; forgets those that exited.
+  void ReleaseDeferred(const std::vector<NodeEvent>& events);
   absl::Status Launch(Slot* slot);
   void Event(const std::string& reason, const std::string& message, bool warning);
 
@@ -100,6 +116,11 @@ class NodeManager {
   std::map<std::string, int> rank_of_;        // every node name ever launched -> rank
   std::map<std::string, std::string> hosts_;  // node name -> host it ran on
   std::set<std::string> handled_;             // nodes already released / replaced
+  struct Deferred {
+    double at = 0;  // options_.now() when it is released
+    std::string cause;
+  };
+  std::map<std::string, Deferred> deferred_;  // excluded nodes given time to exit by themselves
   std::set<std::string> avoid_hosts_;
   int replacements_ = 0;
   std::mutex mu_;

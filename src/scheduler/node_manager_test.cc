@@ -74,8 +74,11 @@ struct Harness {
     o.on_event = [this](const std::string& reason, const std::string& msg, bool) {
       events.push_back(reason + ": " + msg);
     };
+    o.excluded_exit_s = 10;
+    o.now = [this] { return clock; };
     manager = std::make_unique<NodeManager>(&sched, o);
   }
+  double clock = 100;
   FakeScheduler sched;
   std::vector<std::string> events;
   std::unique_ptr<NodeManager> manager;
@@ -144,9 +147,19 @@ TEST(NodeManager, ExcludedNodesHostIsAvoidedByEveryLaterLaunch) {
   h.manager->Poll(false);
   h.manager->OnNodeExcluded("node-1", "failed the pre-flight check");
   h.manager->Poll(false);
-  ASSERT_EQ(h.sched.launched.size(), 3u);
+  ASSERT_EQ(h.sched.launched.size(), 3u);  // replaced at once
   EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
+  // Its agent exits by itself (after writing what a rollback needs): it is
+  // stopped only if it still runs 10 s later.
+  h.clock += 9.9;
+  h.manager->Poll(false);
+  EXPECT_TRUE(h.sched.released.empty());
+  h.clock += 0.2;
+  h.manager->Poll(false);
   EXPECT_THAT(h.sched.released, ElementsAre("node-1: excluded: failed the pre-flight check"));
+  h.clock += 20;
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.released.size(), 1u);
   h.sched.Lost("node-0", "pod deleted");
   h.manager->Poll(false);
   EXPECT_THAT(h.sched.launched.back().avoid_hosts, ElementsAre("host-b"));
@@ -164,6 +177,27 @@ TEST(NodeManager, ExclusionSeenWithTheAgentsExitStillAvoidsTheHost) {
   h.manager->Poll(false);
   ASSERT_EQ(h.sched.launched.size(), 3u);
   EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
+  EXPECT_EQ(h.manager->replacements(), 1);
+}
+
+// SDC: the excluded agent drops the rolled-back steps and writes the rollback
+// target, then exits. Stopping it at once (SIGTERM) could overtake that: its
+// stop would write its newest steps instead, and the replacement would find
+// no rollback target on disk (seen in a clean-clone run of test_health).
+TEST(NodeManager, AnExcludedNodeThatExitsByItselfIsNeverStopped) {
+  Harness h(2, 5);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.sched.Started("node-1", "host-b");
+  h.manager->Poll(false);
+  h.manager->OnNodeExcluded("node-1", "silent data corruption");
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 3u);
+  h.clock += 1;
+  h.sched.Exit("node-1", 1);
+  h.manager->Poll(false);
+  h.clock += 60;
+  h.manager->Poll(false);
+  EXPECT_TRUE(h.sched.released.empty());
   EXPECT_EQ(h.manager->replacements(), 1);
 }
 
