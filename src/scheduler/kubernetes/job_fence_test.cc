@@ -71,6 +71,7 @@ class ScriptedScheduler : public SchedulerInterface {
 // The master's side of it: the NodeManager over the FencedScheduler, as
 // RunKubernetesJob wires them.
 struct Master {
+  double clock = 0;  // NodeManagerOptions::now
   explicit Master(kube::KubeClient* client) : fence(client, Spec()) {
     fenced = std::make_unique<FencedScheduler>(&pods, &fence, ForwardTo(&slot), /*retry_s=*/0);
     NodeManagerOptions o;
@@ -78,6 +79,7 @@ struct Master {
     o.max_replacements = 5;
     o.name = [](int rank, int inc) { return Spec().WorkerPodName(rank, inc); };
     o.on_event = [this](const std::string& reason, const std::string&, bool) { events.push_back(reason); };
+    o.now = [this] { return clock; };
     nodes = std::make_unique<NodeManager>(fenced.get(), o);
     slot.store(nodes.get());
     EXPECT_TRUE(nodes->Start().ok());
@@ -260,6 +262,11 @@ TEST(FencedScheduler, ALostPodOfARunningJobIsReplacedAsBefore) {
   m.fenced->OnNodeExcluded("job-worker-0-1", "failed the pre-flight check");
   m.nodes->Poll(false);
   EXPECT_THAT(m.pods.launched, ElementsAre("job-worker-0-1", "job-worker-1-1", "job-worker-1-2", "job-worker-0-2"));
+  // The excluded pod's agent exits by itself; its pod is deleted only if it
+  // still runs excluded_exit_s later.
+  EXPECT_THAT(m.pods.released, ElementsAre("job-worker-1-1"));
+  m.clock += 10.5;
+  m.nodes->Poll(false);
   EXPECT_THAT(m.pods.released, ElementsAre("job-worker-1-1", "job-worker-0-1"));
   EXPECT_THAT(m.events, ElementsAre("NodeReplaced", "NodeExcluded", "NodeReplaced"));
   EXPECT_FALSE(m.fence.fenced());
