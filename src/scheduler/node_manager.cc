@@ -97,8 +97,7 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
   if (still_running && release_after_s > 0) {
     deferred_[name] = Deferred{options_.now() + release_after_s, cause};
   } else if (still_running) {
-    absl::Status s = scheduler_->ReleaseNode(name, cause, options_.release_grace_s);
-    if (!s.ok() && !absl::IsNotFound(s)) spdlog::warn("cannot release {}: {}", Describe(name), std::string(s.message()));
+    Release(name, cause);
   }
   slot.ended = true;
   if (job_finished) return;
@@ -185,6 +184,11 @@ void NodeManager::Poll(bool job_finished) {
   }
 }
 
+void NodeManager::Release(const std::string& name, const std::string& cause) {
+  absl::Status s = scheduler_->ReleaseNode(name, cause, options_.release_grace_s);
+  if (!s.ok() && !absl::IsNotFound(s)) spdlog::warn("cannot release {}: {}", Describe(name), std::string(s.message()));
+}
+
 void NodeManager::ReleaseDeferred(const std::vector<NodeEvent>& events) {
   for (const NodeEvent& e : events) {
     if (e.kind == NodeEvent::Kind::kExited) deferred_.erase(e.name);
@@ -197,10 +201,7 @@ void NodeManager::ReleaseDeferred(const std::vector<NodeEvent>& events) {
     }
     spdlog::warn("{} still runs {:.0f} s after it was excluded: stopping it", Describe(it->first),
                  options_.excluded_exit_s);
-    absl::Status s = scheduler_->ReleaseNode(it->first, it->second.cause, options_.release_grace_s);
-    if (!s.ok() && !absl::IsNotFound(s)) {
-      spdlog::warn("cannot release {}: {}", Describe(it->first), std::string(s.message()));
-    }
+    Release(it->first, it->second.cause);
     it = deferred_.erase(it);
   }
 }

@@ -105,6 +105,8 @@ class NodeManager {
   // unless it exits by then), then replace it.
   void Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished,
             double release_after_s = 0);
+  // Stops a node that may still run (a gone one is fine).
+  void Release(const std::string& name, const std::string& cause);
   // Releases the deferred nodes whose time came; forgets those that exited.
   void ReleaseDeferred(const std::vector<NodeEvent>& events);
   absl::Status Launch(Slot* slot);
