@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -462,24 +461,26 @@ def _uncovered(offsets, shape, boxes):
 
 
 class _PendingSave:
-    """A save(blocking=False) copying on a thread of its own."""
+    """A save(blocking=False) copying on the store's own copy thread (C++, at
+    idle priority, never holding the GIL: a Python thread per save would cost
+    its start and take the GIL from training at the copy's start and end)."""
 
-    def __init__(self, store, step, entries, keepalive):
+    def __init__(self, store, step, entries, keepalive, parallel):
         self.step = step
-        self.error = None
-        self._keepalive = keepalive  # the tensors the entries point into, until the copy is done
+        self._store = store
+        # The entries (small tensors' bytes) and the tensors they point into, until the copy is done.
+        self._keepalive = (entries, keepalive)
+        store.save_async(step, entries, parallel=parallel)
 
-        def run():
-            try:
-                # The copy releases the GIL and runs at idle priority.
-                store.save(step, entries, background=True)
-            except BaseException as e:  # raised to the caller by wait_saved()
-                self.error = e
-            finally:
-                self._keepalive = None
+    def done(self):
+        return self._store.async_done()
 
-        self.thread = threading.Thread(target=run, name=f"ballast-save-{step}", daemon=True)
-        self.thread.start()
+    def wait(self):
+        """Waits for the copy; raises its error, if any."""
+        try:
+            self._store.wait_async()
+        finally:
+            self._keepalive = None
 
 
 class _Resources:
@@ -492,8 +493,11 @@ class _Resources:
 
     def close(self):
         if self.pending is not None:
-            self.pending.thread.join()
-            self.pending = None
+            pending, self.pending = self.pending, None
+            try:
+                pending.wait()
+            except Exception:  # noqa: BLE001 - closing: an unfinished save is not committed, nothing to report to
+                pass
         if self.persister is not None:
             self.persister.close()  # finishes a pending persist
             self.persister = None
@@ -561,6 +565,13 @@ class Checkpointer:
         self.last_load_source = None
         self._requested = None  # newest step asked to be persisted
         self._pending_persist = None  # (step, rank, world) of a save(blocking=False, persist=True)
+        # Overlapped saves copy on one thread (the store's copy thread) until
+        # one of them makes training wait, then on every copy thread; a set
+        # BALLAST_CKPT_COPY_THREADS means every copy thread from the start.
+        # The first overlapped save does not count: it also sizes and faults
+        # its slot.
+        self._copy_parallel = bool(os.environ.get("BALLAST_CKPT_COPY_THREADS"))
+        self._overlapped_saves = 0
         self._largest_image = 0  # bytes of the largest image saved (a bigger one sizes the memory)
         self._growth_noted = False
         self._persist_key = None
@@ -709,7 +720,8 @@ class Checkpointer:
             entries = [(k, n, shape, ctypes.string_at(data, nbytes)
                         if isinstance(data, int) and 0 < nbytes < _ASYNC_CLONE_BYTES else data, nbytes)
                        for k, n, shape, data, nbytes in entries]
-            self._res.pending = _PendingSave(self._store, step, entries, keepalive)
+            self._res.pending = _PendingSave(self._store, step, entries, keepalive, self._copy_parallel)
+            self._overlapped_saves += 1
             self._pending_persist = (step, rank, world) if persist else None
             return
         # The agent's hang detection allows a save its checkpoint grace period.
@@ -850,15 +862,19 @@ class Checkpointer:
         pending = self._res.pending
         if pending is None:
             return
-        if pending.thread.is_alive():  # training waits for the copy: a checkpoint stall
-            t0 = time.perf_counter()
-            pending.thread.join()
-            _C.progress_ckpt_stall(time.perf_counter() - t0, 0)
-        pending.thread.join()
         self._res.pending = None
         persist, self._pending_persist = self._pending_persist, None
-        if pending.error is not None:
-            raise pending.error
+        if not pending.done():  # training waits for the copy: a checkpoint stall
+            # One copy thread was not enough to finish within the step: the
+            # next overlapped saves copy on all of them.
+            self._copy_parallel = self._copy_parallel or self._overlapped_saves > 1
+            t0 = time.perf_counter()
+            try:
+                pending.wait()
+            finally:
+                _C.progress_ckpt_stall(time.perf_counter() - t0, 0)
+        else:
+            pending.wait()
         if persist is not None:
             self._request_persist(*persist)
 

@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <bit>
@@ -489,29 +491,55 @@ class PyStore {
     {
       py::gil_scoped_release release;
       if (background) ckpt::MakeThisThreadBackground();
-      stats = writer->Save(step, views);
-      // Every slot pinned: readers that copy a step out (the persister, the
-      // replica sender) let go within milliseconds, so wait for one a little
-      // before giving up (a worker's pinned rollback target and a load's
-      // views leave fewer slots free to them).
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      for (int pause_us = 200; absl::IsUnavailable(stats.status()) && std::chrono::steady_clock::now() < deadline;
-           pause_us = std::min(pause_us * 2, 20000)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-        stats = writer->Save(step, views);
+      stats = SaveRetrying(writer, step, views, /*parallel=*/true);
+    }
+    return SaveResult(step, stats);
+  }
+
+  // save(blocking=False): copies `entries` on this store's own copy thread
+  // (started at the first call, at idle priority, never holding the GIL) and
+  // returns at once. The caller keeps `entries` and the tensors they point
+  // into alive until wait_async() returns. parallel: the writer's copy
+  // threads join in (else that one thread copies alone: see
+  // CheckpointWriter::Save). One save at a time: wait_async() first.
+  void SaveAsync(uint64_t step, const py::list& entries, bool parallel) {
+    std::vector<ckpt::EntryView> views = ToViews(entries, "save");
+    ckpt::CheckpointWriter* writer = Writer(/*background=*/true);
+    {
+      std::lock_guard<std::mutex> lock(async_mu_);
+      if (async_job_ || async_result_) {
+        Check(absl::FailedPreconditionError("an overlapped save is still pending: wait_async() first"));
       }
+      if (!async_thread_.joinable()) {
+        async_pid_ = getpid();
+        async_stop_ = false;
+        async_thread_ = std::thread([this] { AsyncLoop(); });
+      }
+      async_job_ = AsyncJob{writer, step, std::move(views), parallel};
     }
-    if (absl::IsUnavailable(stats.status())) {
-      Check(absl::UnavailableError(absl::StrCat(
-          "checkpoint step ", step, " not saved: every shared-memory slot is being read (",
-          stats.status().message(), "); save again later")));
+    async_cv_.notify_all();
+  }
+
+  // Whether the pending overlapped save (if any) has finished copying.
+  bool AsyncDone() {
+    std::lock_guard<std::mutex> lock(async_mu_);
+    return !async_job_;
+  }
+
+  // Waits for the pending overlapped save: its stats (as save()'s), None when
+  // nothing is pending; raises its error.
+  py::object WaitAsync() {
+    std::optional<uint64_t> step;
+    std::optional<absl::StatusOr<ckpt::SaveStats>> result;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(async_mu_);
+      async_cv_.wait(lock, [&] { return !async_job_; });
+      step = async_step_;
+      result.swap(async_result_);
     }
-    Check(stats.status());
-    py::dict out;
-    out["seconds"] = stats->seconds;
-    out["image_bytes"] = stats->image_bytes;
-    out["slot"] = stats->slot;
-    return out;
+    if (!result) return py::none();
+    return SaveResult(*step, *result);
   }
 
   // Sizes and faults the slots for saves of `entries` in the background (the
@@ -616,16 +644,109 @@ class PyStore {
   }
 
   void Close() {
+    StopAsync();
     writer_.reset();
     bg_writer_.reset();
     store_.reset();
   }
+
+  ~PyStore() { StopAsync(); }
 
  private:
   std::shared_ptr<ckpt::SlotStore> store_;
   ckpt::WriterOptions writer_options_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;  // borrows *store_
   std::unique_ptr<ckpt::CheckpointWriter> bg_writer_;  // background saves; borrows *store_
+
+  // Every slot pinned: readers that copy a step out (the persister, the
+  // replica sender) let go within milliseconds, so wait for one a little
+  // before giving up (a worker's pinned rollback target and a load's views
+  // leave fewer slots free to them).
+  static absl::StatusOr<ckpt::SaveStats> SaveRetrying(ckpt::CheckpointWriter* writer, uint64_t step,
+                                                      const std::vector<ckpt::EntryView>& views, bool parallel) {
+    absl::StatusOr<ckpt::SaveStats> stats = writer->Save(step, views, parallel);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (int pause_us = 200; absl::IsUnavailable(stats.status()) && std::chrono::steady_clock::now() < deadline;
+         pause_us = std::min(pause_us * 2, 20000)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      stats = writer->Save(step, views, parallel);
+    }
+    return stats;
+  }
+
+  // A save's stats as a dict, or its error raised.
+  static py::dict SaveResult(uint64_t step, const absl::StatusOr<ckpt::SaveStats>& stats) {
+    if (absl::IsUnavailable(stats.status())) {
+      Check(absl::UnavailableError(absl::StrCat(
+          "checkpoint step ", step, " not saved: every shared-memory slot is being read (",
+          stats.status().message(), "); save again later")));
+    }
+    Check(stats.status());
+    py::dict out;
+    out["seconds"] = stats->seconds;
+    out["image_bytes"] = stats->image_bytes;
+    out["slot"] = stats->slot;
+    return out;
+  }
+
+  struct AsyncJob {
+    ckpt::CheckpointWriter* writer;
+    uint64_t step;
+    std::vector<ckpt::EntryView> views;
+    bool parallel;
+  };
+
+  // The copy thread of SaveAsync: one job at a time, at idle priority (it
+  // runs on CPU time training leaves).
+  void AsyncLoop() {
+    ckpt::MakeThisThreadBackground();
+    std::unique_lock<std::mutex> lock(async_mu_);
+    while (true) {
+      async_cv_.wait(lock, [&] { return async_stop_ || async_job_; });
+      if (!async_job_) return;  // stopped with nothing pending
+      AsyncJob& job = *async_job_;
+      lock.unlock();
+      absl::StatusOr<ckpt::SaveStats> stats = SaveRetrying(job.writer, job.step, job.views, job.parallel);
+      lock.lock();
+      async_step_ = job.step;
+      async_result_ = std::move(stats);
+      async_job_.reset();
+      async_cv_.notify_all();
+      if (async_stop_) return;
+    }
+  }
+
+  // Finishes a pending overlapped save and ends the copy thread. In a process
+  // forked after the thread started (a DataLoader worker) the thread does
+  // not exist: nothing to wait for.
+  void StopAsync() {
+    if (!async_thread_.joinable()) return;
+    if (async_pid_ != getpid()) {
+      async_thread_.detach();
+      return;
+    }
+    {
+      // Not holding the GIL while the copy finishes (a destructor may run without it).
+      std::optional<py::gil_scoped_release> release;
+      if (PyGILState_Check()) release.emplace();
+      {
+        std::lock_guard<std::mutex> lock(async_mu_);
+        async_stop_ = true;
+      }
+      async_cv_.notify_all();
+      async_thread_.join();
+    }
+    async_result_.reset();
+  }
+
+  std::mutex async_mu_;
+  std::condition_variable async_cv_;
+  std::optional<AsyncJob> async_job_;  // the save being copied
+  std::optional<absl::StatusOr<ckpt::SaveStats>> async_result_;  // its outcome, until WaitAsync
+  uint64_t async_step_ = 0;
+  bool async_stop_ = false;
+  pid_t async_pid_ = 0;
+  std::thread async_thread_;
 };
 
 // Without an agent: persists the store's committed steps on a thread of this
@@ -869,6 +990,9 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("name", [](const PyStore& s) { return s.store()->name(); })
       .def_property_readonly("owner", [](const PyStore& s) { return s.store()->owner(); })
       .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"), py::arg("background") = false)
+      .def("save_async", &PyStore::SaveAsync, py::arg("step"), py::arg("entries"), py::arg("parallel") = false)
+      .def("async_done", &PyStore::AsyncDone)
+      .def("wait_async", &PyStore::WaitAsync)
       .def("reserve", &PyStore::Reserve, py::arg("entries"), py::arg("background") = false)
       // A save's slot sized and faulted in the background for an image of
       // about `image_bytes` (a shard just read from disk): false when nothing

@@ -150,8 +150,8 @@ CheckpointWriter::CheckpointWriter(SlotStore* store, const WriterOptions& option
       options_(options),
       pool_(options.copy_threads > 0 ? options.copy_threads : DefaultCopyThreads(), options.background) {}
 
-absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step,
-                                                 const std::vector<EntryView>& views) {
+absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step, const std::vector<EntryView>& views,
+                                                 bool parallel) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<Entry> entries;
   std::vector<const void*> sources;
@@ -172,7 +172,7 @@ absl::StatusOr<SaveStats> CheckpointWriter::Save(uint64_t step,
   // odd until Commit, so no reader looks at these bytes before they are whole.
   uint8_t* image = write.image();
   const uint64_t data_checksum =
-      CopyDataAndChecksum(image + layout.data_offset, layout.data_bytes, entries, sources, &pool_,
+      CopyDataAndChecksum(image + layout.data_offset, layout.data_bytes, entries, sources, parallel ? &pool_ : nullptr,
                           options_.parallel_threshold_bytes, options_.chunk_bytes);
   if (options_.before_commit_for_test) options_.before_commit_for_test();
   WriteHeaderAndIndex(step, entries, layout, data_checksum, image);

@@ -76,7 +76,10 @@ class CheckpointWriter {
   // Copies `entries` (in this order) into a free slot and commits it as
   // `step`. kInvalidArgument for bad entries; kUnavailable when every slot is
   // pinned (the save is skipped, nothing changes); other errors from shm.
-  absl::StatusOr<SaveStats> Save(uint64_t step, const std::vector<EntryView>& entries);
+  // parallel = false copies on the calling thread alone (the copy threads stay
+  // idle): an overlapped save that has a whole step to finish in, where more
+  // copy threads only take more of the cores training runs on.
+  absl::StatusOr<SaveStats> Save(uint64_t step, const std::vector<EntryView>& entries, bool parallel = true);
 
   // Prepares the store for saves of `entries` (their data pointers are not
   // read): sizes and faults the slot the first save uses, in the background

@@ -104,6 +104,19 @@ TEST(CkptSlotStore, ParallelCopyGivesSameImageAsSingleThreaded) {
   auto r4 = w4.Save(1, state.views);
   ASSERT_TRUE(r1.ok() && r4.ok());
   EXPECT_EQ(r1->data_checksum, r4->data_checksum);
+  // The same writer told to copy on the calling thread alone (an overlapped
+  // save's first choice) writes the same image.
+  auto s4one = SlotStore::Create(UniqueShmName("p4one"));
+  ASSERT_TRUE(s4one.ok());
+  CheckpointWriter w4one(s4one->get(), Opts(4, 1, 1 << 20));
+  auto r4one = w4one.Save(1, state.views, /*parallel=*/false);
+  ASSERT_TRUE(r4one.ok()) << r4one.status();
+  EXPECT_EQ(r1->data_checksum, r4one->data_checksum);
+  auto one = RestoreFromShm(s4one->get(), RestoreOptions{});
+  ASSERT_TRUE(one.ok()) << one.status();
+  for (size_t i = 0; i < state.views.size(); ++i) {
+    EXPECT_EQ(std::memcmp(one->EntryData(i), state.buffers[i].data(), state.views[i].nbytes), 0);
+  }
   CopyPool pool(3);
   RestoreOptions ro;
   ro.pool = &pool;

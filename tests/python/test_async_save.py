@@ -70,8 +70,14 @@ class AsyncSave(TestCase):
         class Failing:
             name = "x"
 
-            def save(self, step, entries, background=False):
-                raise RuntimeError("shared memory is full")
+            def save_async(self, step, entries, parallel=False):
+                self.step = step
+
+            def async_done(self):
+                return True
+
+            def wait_async(self):
+                raise RuntimeError(f"checkpoint step {self.step} not saved: shared memory is full")
 
             def wait_incoming(self, timeout_s):
                 return True
@@ -79,11 +85,54 @@ class AsyncSave(TestCase):
         real = ckpt._res.store
         ckpt._res.store = Failing()
         try:
-            ckpt.save(5, {"w": torch.randn(2 << 20)}, blocking=False)
-            with self.assertRaisesRegex(RuntimeError, "shared memory is full"):
+            ckpt.save(5, {"w": torch.randn(2 << 20)}, persist=True, blocking=False)
+            with self.assertRaisesRegex(RuntimeError, "step 5 not saved: shared memory is full"):
                 ckpt.wait_saved()
+            self.assertIsNone(ckpt._res.pending)
+            self.assertIsNone(ckpt._pending_persist)  # a step that was not saved is not persisted
         finally:
             ckpt._res.store = real
+
+    def test_the_store_copy_thread_reports_an_error_of_its_save_at_the_wait(self):
+        name = f"/ballast-test-async-err-{os.getpid()}"
+        store = _ballast.Store.create(name, num_slots=2)
+        self.addCleanup(store.close)
+        store.save(1, [("w", "float32", [4], bytes(16), 16)])
+        store.save(2, [("w", "float32", [4], bytes(16), 16)])
+        pins = [store.restore(step=1, verify=False), store.restore(step=2, verify=False)]  # every slot read
+        store.save_async(3, [("w", "float32", [4], bytes(16), 16)])
+        with self.assertRaisesRegex(Exception, "checkpoint step 3 not saved: every shared-memory slot is being read"):
+            store.wait_async()  # after the save's 2 s of retries
+        self.assertIsNone(store.wait_async())  # nothing pending any more
+        del pins
+
+    def test_overlapped_saves_copy_on_one_thread_until_one_makes_training_wait(self):
+        ckpt = self.checkpointer()
+        self.assertFalse(ckpt._copy_parallel)  # BALLAST_CKPT_COPY_THREADS unset
+        real, calls = ckpt._res.store, []
+
+        class Recording:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def save_async(self, step, entries, parallel=False):
+                calls.append((step, parallel))
+                real.save_async(step, entries, parallel=parallel)
+
+        ckpt._res.store = Recording()
+        self.addCleanup(setattr, ckpt._res, "store", real)
+        w = torch.randn(1 << 20)
+        # Whether training had to wait for each copy (the test decides, not the machine's speed).
+        for step, copy_was_running in ((1, True), (2, False), (3, True), (4, False)):
+            ckpt.save(step, {"w": w + step}, blocking=False)
+            ckpt._res.pending.done = (lambda r: lambda: not r)(copy_was_running)
+            ckpt.wait_saved()
+        # Step 1 sized its slot (its wait does not count), step 3 made training wait.
+        self.assertEqual(calls, [(1, False), (2, False), (3, False), (4, True)])
+        self.assertTrue(ckpt._copy_parallel)
+        step, state = ckpt.load()
+        self.assertEqual(step, 4)
+        self.assertBitwise(w + 4, state["w"])
 
     def test_a_process_that_dies_mid_copy_leaves_the_last_complete_step(self):
         name = f"/ballast-test-async-{os.getpid()}"

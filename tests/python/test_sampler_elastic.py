@@ -124,7 +124,7 @@ class ElasticSamplerUnderLaunch(TestCase):
         argv = [BIN, "launch", "--nodes", "1:2", "--nproc-per-node", "1", "--port", "0",
                 "--network-check", "--python", PYTHON, "--chaos", "kill-agent:node=1,after=3",
                 SCRIPT, "--out", out, "--epochs", str(EPOCHS), "--size", str(SIZE),
-                "--batch", str(BATCH), "--step-time", "0.05"]
+                "--batch", str(BATCH), "--step-time", "0.05", "--overlap"]  # overlapped saves, copied by the store's thread
         t0 = time.monotonic()
         p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=170)

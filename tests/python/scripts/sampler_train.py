@@ -39,6 +39,8 @@ def main():
     # 0: never ask for disk (memory and replicas only; what reaches disk is the
     # agents' breakpoint save when they stop).
     p.add_argument("--persist-every", type=int, default=1)
+    p.add_argument("--overlap", action="store_true",
+                   help="save(blocking=False) with a guarded optimizer: each copy overlaps the next step")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -63,6 +65,8 @@ def main():
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)  # no momentum: no optimizer state
     ckpt = ballast.Checkpointer(os.path.join(args.out, "ckpt"), keep=3)
+    if args.overlap:
+        opt = ckpt.guard(opt)
     try:
         step, state = ckpt.load()
         own = ckpt.last_load_source
@@ -97,7 +101,7 @@ def main():
             sampler.advance(len(idx))
             ckpt.save(step, {"model": model.state_dict(), "sampler": sampler.state_dict(),
                              "origin": rnd},
-                      persist=args.persist_every > 0 and step % args.persist_every == 0)
+                      persist=args.persist_every > 0 and step % args.persist_every == 0, blocking=not args.overlap)
             ballast.step(step)
             time.sleep(args.step_time)
     ckpt.wait()
