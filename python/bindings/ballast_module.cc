@@ -505,41 +505,47 @@ class PyStore {
   void SaveAsync(uint64_t step, const py::list& entries, bool parallel) {
     std::vector<ckpt::EntryView> views = ToViews(entries, "save");
     ckpt::CheckpointWriter* writer = Writer(/*background=*/true);
+    AsyncState* a = OwnAsync();
+    if (a == nullptr) {
+      async_ = std::make_unique<AsyncState>();
+      a = async_.get();
+      a->pid = getpid();
+      a->thread = std::thread([a] { AsyncLoop(a); });
+    }
     {
-      std::lock_guard<std::mutex> lock(async_mu_);
-      if (async_job_ || async_result_) {
+      std::lock_guard<std::mutex> lock(a->mu);
+      if (a->job || a->result) {
         Check(absl::FailedPreconditionError("an overlapped save is still pending: wait_async() first"));
       }
-      if (!async_thread_.joinable()) {
-        async_pid_ = getpid();
-        async_stop_ = false;
-        async_thread_ = std::thread([this] { AsyncLoop(); });
-      }
-      async_job_ = AsyncJob{writer, step, std::move(views), parallel};
+      a->job = AsyncJob{writer, step, std::move(views), parallel};
     }
-    async_cv_.notify_all();
+    a->cv.notify_all();
   }
 
   // Whether the pending overlapped save (if any) has finished copying.
   bool AsyncDone() {
-    std::lock_guard<std::mutex> lock(async_mu_);
-    return !async_job_;
+    AsyncState* a = OwnAsync();
+    if (a == nullptr) return true;
+    std::lock_guard<std::mutex> lock(a->mu);
+    return !a->job;
   }
 
   // Waits for the pending overlapped save: its stats (as save()'s), None when
   // nothing is pending; raises its error.
   py::object WaitAsync() {
-    std::optional<uint64_t> step;
+    AsyncState* a = OwnAsync();
+    if (a == nullptr) return py::none();
+    uint64_t step = 0;
     std::optional<absl::StatusOr<ckpt::SaveStats>> result;
     {
       py::gil_scoped_release release;
-      std::unique_lock<std::mutex> lock(async_mu_);
-      async_cv_.wait(lock, [&] { return !async_job_; });
-      step = async_step_;
-      result.swap(async_result_);
+      std::unique_lock<std::mutex> lock(a->mu);
+      a->cv.wait(lock, [&] { return !a->job; });
+      step = a->step;
+      result.swap(a->result);
     }
     if (!result) return py::none();
-    return SaveResult(*step, *result);
+    return SaveResult(step, *result);
   }
 
   // Sizes and faults the slots for saves of `entries` in the background (the
@@ -696,57 +702,70 @@ class PyStore {
     bool parallel;
   };
 
-  // The copy thread of SaveAsync: one job at a time, at idle priority (it
-  // runs on CPU time training leaves).
-  void AsyncLoop() {
+  // SaveAsync's copy thread and what it shares with its callers.
+  struct AsyncState {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<AsyncJob> job;  // the save being copied
+    std::optional<absl::StatusOr<ckpt::SaveStats>> result;  // its outcome, until WaitAsync
+    uint64_t step = 0;  // the step of `result`
+    bool stop = false;
+    pid_t pid = 0;  // the process the thread runs in
+    std::thread thread;
+  };
+
+  // The copy thread: one job at a time, at idle priority (it runs on CPU time
+  // training leaves).
+  static void AsyncLoop(AsyncState* a) {
     ckpt::MakeThisThreadBackground();
-    std::unique_lock<std::mutex> lock(async_mu_);
+    std::unique_lock<std::mutex> lock(a->mu);
     while (true) {
-      async_cv_.wait(lock, [&] { return async_stop_ || async_job_; });
-      if (!async_job_) return;  // stopped with nothing pending
-      AsyncJob& job = *async_job_;
+      a->cv.wait(lock, [&] { return a->stop || a->job; });
+      if (!a->job) return;  // stopped with nothing pending
+      AsyncJob& job = *a->job;
       lock.unlock();
       absl::StatusOr<ckpt::SaveStats> stats = SaveRetrying(job.writer, job.step, job.views, job.parallel);
       lock.lock();
-      async_step_ = job.step;
-      async_result_ = std::move(stats);
-      async_job_.reset();
-      async_cv_.notify_all();
-      if (async_stop_) return;
+      a->step = job.step;
+      a->result = std::move(stats);
+      a->job.reset();
+      a->cv.notify_all();
+      if (a->stop) return;
     }
   }
 
-  // Finishes a pending overlapped save and ends the copy thread. In a process
-  // forked after the thread started (a DataLoader worker) the thread does
-  // not exist: nothing to wait for.
-  void StopAsync() {
-    if (!async_thread_.joinable()) return;
-    if (async_pid_ != getpid()) {
-      async_thread_.detach();
-      return;
+  // This process's copy thread state, or null. A process forked after the
+  // thread started has no such thread, and the state's mutex and condition
+  // variable may be held or waited on by threads that do not exist here:
+  // they are left alone (leaked, never destroyed) and the process starts
+  // its own at its next overlapped save.
+  AsyncState* OwnAsync() {
+    if (async_ && async_->pid != getpid()) {
+      async_->thread.detach();
+      (void)async_.release();
     }
+    return async_.get();
+  }
+
+  // Finishes a pending overlapped save and ends the copy thread.
+  void StopAsync() {
+    AsyncState* a = OwnAsync();
+    if (a == nullptr) return;
     {
       // Not holding the GIL while the copy finishes (a destructor may run without it).
       std::optional<py::gil_scoped_release> release;
       if (PyGILState_Check()) release.emplace();
       {
-        std::lock_guard<std::mutex> lock(async_mu_);
-        async_stop_ = true;
+        std::lock_guard<std::mutex> lock(a->mu);
+        a->stop = true;
       }
-      async_cv_.notify_all();
-      async_thread_.join();
+      a->cv.notify_all();
+      a->thread.join();
     }
-    async_result_.reset();
+    async_.reset();
   }
 
-  std::mutex async_mu_;
-  std::condition_variable async_cv_;
-  std::optional<AsyncJob> async_job_;  // the save being copied
-  std::optional<absl::StatusOr<ckpt::SaveStats>> async_result_;  // its outcome, until WaitAsync
-  uint64_t async_step_ = 0;
-  bool async_stop_ = false;
-  pid_t async_pid_ = 0;
-  std::thread async_thread_;
+  std::unique_ptr<AsyncState> async_;
 };
 
 // Without an agent: persists the store's committed steps on a thread of this

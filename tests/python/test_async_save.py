@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import unittest
 
 import torch
@@ -105,6 +106,34 @@ class AsyncSave(TestCase):
             store.wait_async()  # after the save's 2 s of retries
         self.assertIsNone(store.wait_async())  # nothing pending any more
         del pins
+
+    def test_a_process_forked_after_an_overlapped_save_copies_on_a_thread_of_its_own(self):
+        name = f"/ballast-test-async-fork-{os.getpid()}"
+        store = _ballast.Store.create(name)
+        self.addCleanup(store.close)
+        entry = [("w", "float32", [4], bytes(16), 16)]
+        store.save_async(1, entry)
+        store.wait_async()  # the parent's copy thread runs from here on
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's copy thread does not exist here
+            code = 1
+            try:
+                store.save_async(2, entry)
+                code = 0 if store.wait_async()["image_bytes"] > 0 else 1
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            self.fail("the forked child's overlapped save never finished")
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(store.memory_step(), 2)  # the child's save went into the shared memory
 
     def test_overlapped_saves_copy_on_one_thread_until_one_makes_training_wait(self):
         ckpt = self.checkpointer()
