@@ -114,6 +114,13 @@ class AsyncSave(TestCase):
         entry = [("w", "float32", [4], bytes(16), 16)]
         store.save_async(1, entry)
         store.wait_async()  # the parent's copy thread runs from here on
+        # The store grows its other slots on a thread of the parent's after a first save: a fork
+        # during that growth would leave the child a store that waits for it forever (not this
+        # test's subject: a forked child saves again only into slots already sized).
+        deadline = time.monotonic() + 30
+        while store.growing() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(store.growing())
         pid = os.fork()
         if pid == 0:  # the child: the parent's copy thread does not exist here
             code = 1
