@@ -479,18 +479,16 @@ class PyStore {
     return writer.get();
   }
 
-  // entries: [(key, dtype name, shape, data, nbytes)] where data is an address
-  // (int) or a bytes object. Returns {"seconds", "image_bytes", "slot"}.
-  // background: a save(blocking=False) on its own thread; the copy runs at
-  // idle priority (that thread and the copy threads), so it uses only CPU
-  // time training leaves.
-  py::dict Save(uint64_t step, const py::list& entries, bool background) {
+  // A blocking save on the calling thread (the GIL released) and every copy
+  // thread. entries: [(key, dtype name, shape, data, nbytes)] where data is an
+  // address (int) or a bytes object. Returns {"seconds", "image_bytes",
+  // "slot"}. Overlapped saves go through SaveAsync.
+  py::dict Save(uint64_t step, const py::list& entries) {
     std::vector<ckpt::EntryView> views = ToViews(entries, "save");
-    ckpt::CheckpointWriter* writer = Writer(background);
+    ckpt::CheckpointWriter* writer = Writer(/*background=*/false);
     absl::StatusOr<ckpt::SaveStats> stats;
     {
       py::gil_scoped_release release;
-      if (background) ckpt::MakeThisThreadBackground();
       stats = SaveRetrying(writer, step, views, /*parallel=*/true);
     }
     return SaveResult(step, stats);
@@ -1008,7 +1006,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_static("open", &PyStore::Open, py::arg("name"), py::arg("prefault") = true)
       .def_property_readonly("name", [](const PyStore& s) { return s.store()->name(); })
       .def_property_readonly("owner", [](const PyStore& s) { return s.store()->owner(); })
-      .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"), py::arg("background") = false)
+      .def("save", &PyStore::Save, py::arg("step"), py::arg("entries"))
       .def("save_async", &PyStore::SaveAsync, py::arg("step"), py::arg("entries"), py::arg("parallel") = false)
       .def("async_done", &PyStore::AsyncDone)
       .def("wait_async", &PyStore::WaitAsync)
