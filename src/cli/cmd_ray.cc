@@ -145,7 +145,13 @@ int RayRun(const Args& args) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  scheduler::NodeManager nodes(sched->get(), JobNodeManagerOptions(f, f.range.max + spares, &m));
+  scheduler::NodeManagerOptions nmo = JobNodeManagerOptions(f, f.range.max + spares, &m);
+  // An agent killed with everything on its node (a pod or container deleted)
+  // closes its stream at once; Ray's death notice takes its health checks
+  // (seconds by default) and the master's reconnect grace is 1 s. The
+  // replacement's placement, agent and interpreters start at the close.
+  nmo.early_replacement = true;
+  scheduler::NodeManager nodes(sched->get(), nmo);
   node_manager.store(&nodes);
   DriveOptions o;
   o.cmd = "ray run";

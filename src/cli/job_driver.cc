@@ -214,6 +214,7 @@ master::MasterOptions JobMasterOptions(const JobFlags& f, std::atomic<scheduler:
   scheduler::NodeCallbacks forward = scheduler::ForwardTo(node_manager);
   mopts.on_node_lost = forward.lost;
   mopts.on_node_excluded = forward.excluded;
+  mopts.on_node_disconnected = forward.disconnected;
   return mopts;
 }
 

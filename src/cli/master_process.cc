@@ -204,6 +204,12 @@ absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
   // What the in-process master's callbacks would have said: nodes that
   // turned dead, left or excluded since the last turn.
   for (const v1::NodeStatus& n : last_->nodes()) {
+    // A disconnect is told once (OnNodeDisconnected), again after a reconnect.
+    if (!n.disconnected()) {
+      disconnected_.erase(n.node_id());
+    } else if (disconnected_.insert(n.node_id()).second) {
+      nodes.OnNodeDisconnected(n.node_id());
+    }
     const std::string& state = n.state();
     const bool lost = state == "dead" || state == "left";
     const bool excluded = state == "excluded";

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,7 @@ class MasterProcess : public DrivenMaster {
   std::unique_ptr<v1::Master::Stub> stub_;
   std::optional<v1::JobStatus> last_;
   std::map<std::string, std::string> reported_;  // node id -> the state it was reported in
+  std::set<std::string> disconnected_;           // nodes told disconnected, not since reconnected
   bool shut_down_ = false;
   std::chrono::steady_clock::time_point first_started_{};
   bool chaos_fired_ = false;

@@ -133,18 +133,19 @@ void DecisionOutboxes::MarkFinalSent(const Handle& handle) {
   if (handle.outbox->generation == handle.generation) handle.outbox->final_sent = true;
 }
 
-void DecisionOutboxes::Close(const Handle& handle, double now) {
+bool DecisionOutboxes::Close(const Handle& handle, double now) {
   Outbox& ob = *handle.outbox;
-  if (ob.generation != handle.generation) return;
+  if (ob.generation != handle.generation) return false;
   ob.watcher_active = false;
   ob.queue.clear();
   ob.sink.reset();
-  if (!ob.closed) {
-    // Counted while it is the node's outbox (a re-join's Add replaced an older one).
-    auto it = outboxes_.find(handle.node_id);
-    if (!ob.disconnected_since.has_value() && it != outboxes_.end() && it->second.get() == &ob) ++disconnected_;
-    ob.disconnected_since = now;
-  }
+  if (ob.closed) return false;
+  // Counted while it is the node's outbox (a re-join's Add replaced an older one).
+  auto it = outboxes_.find(handle.node_id);
+  const bool newly = !ob.disconnected_since.has_value() && it != outboxes_.end() && it->second.get() == &ob;
+  if (newly) ++disconnected_;
+  ob.disconnected_since = now;
+  return newly;
 }
 
 void DecisionOutboxes::Shutdown() {

@@ -85,8 +85,9 @@ class DecisionOutboxes {
   // The stream wrote the final JobFinished to its agent.
   void MarkFinalSent(const Handle& handle);
   // The stream ended (a no-op for a stale handle): the node counts as
-  // disconnected from `now` until it opens another.
-  void Close(const Handle& handle, double now);
+  // disconnected from `now` until it opens another. True when this close
+  // made it disconnected (its current outbox, not removed, not already).
+  bool Close(const Handle& handle, double now);
   // Ends every stream with UNAVAILABLE; later Next calls return it too.
   void Shutdown();
 

@@ -1262,7 +1262,12 @@ void JobMaster::MarkFinalSent(const WatchHandle& handle) {
 
 void JobMaster::CloseWatch(const WatchHandle& handle) {
   JobLock lock(&mu_);
-  outboxes_.Close(handle, clock_->Now());
+  if (!outboxes_.Close(handle, clock_->Now()) || shutdown_ || finished()) return;
+  const NodeId& id = handle.node_id;
+  if (!nodes_.IsAlive(id)) return;
+  spdlog::info("job={} node={} round={} watch stream closed: the node is lost unless its agent reconnects within {} s",
+               options_.job_id, id, round_, options_.disconnect_grace_s);
+  if (options_.on_node_disconnected) options_.on_node_disconnected(id.str());
 }
 
 bool JobMaster::AllFinalDecisionsSent() const {

@@ -120,6 +120,11 @@ struct JobMasterOptions {
   ClockInterface* clock = nullptr;  // required; borrowed
   // Called (outside the lock) when a node dies or leaves while the job runs.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_lost;
+  // Called when a node's agent hung up its decision stream while the job runs
+  // (its process or host may be gone; it is lost unless it reconnects within
+  // disconnect_grace_s): a backend can start a replacement ahead of the loss.
+  // Runs WITH the lock held: it must only queue (NodeManager::OnNodeDisconnected).
+  std::function<void(const std::string& node_id)> on_node_disconnected;
   // Called when a node is excluded from the job (it failed the pre-flight
   // check, or is a straggler there with exclude_stragglers). Runs WITH the
   // lock held: it must only queue (NodeManager::OnNodeExcluded does).

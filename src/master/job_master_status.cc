@@ -168,7 +168,8 @@ v1::JobStatus JobMaster::Status() const {
     const bool is_excluded = excluded != precheck_.excluded.end();
     status_view::AddNode(rec, status_view::NodeStateText(rec.state, is_excluded, InRunningCheck(id), spare),
                          is_excluded ? excluded->second : rec.gone_reason, now,
-                         step_time == step_times.end() ? 0 : step_time->second, stragglers.count(id) > 0, &st);
+                         step_time == step_times.end() ? 0 : step_time->second, stragglers.count(id) > 0,
+                         rec.state != NodeState::kDead && outboxes_.Disconnected(id), &st);
   };
   // Members in rank order first, then the other alive nodes, then the gone.
   for (const auto& m : world_.members) {

@@ -465,6 +465,47 @@ TEST_F(JobMasterTest, ReconnectWithinGraceKeepsNode) {
   EXPECT_EQ(jm_->Status().round(), 1);
 }
 
+// The master tells its backend at once when an agent hangs up (an early
+// replacement can start: NodeManager), and the status shows it, until the
+// agent reconnects; once per disconnect, and not after the job ended.
+TEST_F(JobMasterTest, AnAgentHangingUpIsToldAtOnceAndShownInTheStatusUntilItReconnects) {
+  auto o = Options(1, 2);
+  o.disconnect_grace_s = 1.0;
+  std::vector<std::string> told;
+  o.on_node_disconnected = [&](const std::string& id) { told.push_back(id); };
+  Make(o);
+  Add("a");
+  Add("b");
+  Drain("a");
+  Drain("b");
+  auto disconnected = [&](const std::string& id) {
+    const v1::JobStatus st = jm_->Status();
+    for (const auto& n : st.nodes()) {
+      if (n.node_id() == id) return n.disconnected();
+    }
+    ADD_FAILURE() << "no node " << id;
+    return false;
+  };
+  EXPECT_FALSE(disconnected("b"));
+  const JobMaster::WatchHandle old = handles_["b"];
+  jm_->CloseWatch(old);
+  EXPECT_THAT(told, ElementsAre("b"));
+  EXPECT_TRUE(disconnected("b"));
+  EXPECT_FALSE(disconnected("a"));
+  jm_->CloseWatch(old);  // the same stream again: nothing new
+  handles_.erase("b");
+  Advance(0.5);
+  Drain("b");  // reopens the stream
+  EXPECT_FALSE(disconnected("b"));
+  jm_->CloseWatch(old);  // the stale stream's close is not a disconnect
+  EXPECT_THAT(told, ElementsAre("b"));
+  jm_->CloseWatch(handles_["b"]);
+  EXPECT_THAT(told, ElementsAre("b", "b"));
+  jm_->Abort("stopped");
+  jm_->CloseWatch(handles_["a"]);
+  EXPECT_THAT(told, ElementsAre("b", "b"));
+}
+
 TEST_F(JobMasterTest, AbortFailsTheJobAndTellsEveryAgentOnce) {
   Make(Options(1, 2));
   Add("a");

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterOp
   jo.clock = options.clock != nullptr ? options.clock : SteadyClock::Get();
   jo.on_node_lost = options.on_node_lost;
   jo.on_node_excluded = options.on_node_excluded;
+  jo.on_node_disconnected = options.on_node_disconnected;
   jo.goodput_before = options.goodput_before;
   std::unique_ptr<Journal> journal;
   int port = options.port;

@@ -68,6 +68,9 @@ struct MasterOptions {
   // Called with the master's lock held when a node is excluded (failed the
   // pre-flight check): it must only queue.
   std::function<void(const std::string& node_id, const std::string& reason)> on_node_excluded;
+  // Called with the master's lock held when a node's agent hangs up its
+  // decision stream while the job runs (JobMasterOptions): it must only queue.
+  std::function<void(const std::string& node_id)> on_node_disconnected;
   // JobMasterOptions::goodput_before.
   GoodputBefore goodput_before;
 };

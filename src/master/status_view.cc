@@ -18,7 +18,7 @@ std::string NodeStateText(master::NodeState table_state, bool excluded, bool che
 }
 
 void AddNode(const NodeRecord& rec, const std::string& state, const std::string& reason, double now,
-             double step_time_s, bool straggler, v1::JobStatus* st) {
+             double step_time_s, bool straggler, bool disconnected, v1::JobStatus* st) {
   v1::NodeStatus* ns = st->add_nodes();
   ns->set_node_id(rec.spec.node_id.str());
   ns->set_host(rec.spec.host);
@@ -31,6 +31,7 @@ void AddNode(const NodeRecord& rec, const std::string& state, const std::string&
   if (step_time_s > 0) ns->set_step_time_s(step_time_s);
   if (rec.last_compute_time_s > 0) ns->set_compute_time_s(rec.last_compute_time_s);
   ns->set_straggler(straggler);
+  ns->set_disconnected(disconnected);
   if (rec.timeline.round() > 0) *ns->mutable_timeline() = rec.timeline;
 }
 

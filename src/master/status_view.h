@@ -24,7 +24,7 @@ std::string NodeStateText(NodeState table_state, bool excluded, bool checking, b
 // One node's entry; step_time_s 0: unknown; reason: why it is gone or
 // excluded ("" for a node in the job).
 void AddNode(const NodeRecord& rec, const std::string& state, const std::string& reason, double now,
-             double step_time_s, bool straggler, v1::JobStatus* st);
+             double step_time_s, bool straggler, bool disconnected, v1::JobStatus* st);
 
 // The goodput breakdown, or why it is unknown (no step reported yet).
 void FillGoodput(const GoodputAccountant::Breakdown& b, v1::Goodput* g);

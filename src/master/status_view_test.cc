@@ -20,7 +20,7 @@ TEST(StatusView, AddNodeKeepsARestoredNodesHeartbeatAgeAtZero) {
   rec.group_rank = 2;
   rec.last_heartbeat = 15;  // restored: ahead of now
   v1::JobStatus st;
-  AddNode(rec, "training", "", 10, 0.5, true, &st);
+  AddNode(rec, "training", "", 10, 0.5, true, /*disconnected=*/false, &st);
   ASSERT_EQ(st.nodes_size(), 1);
   EXPECT_EQ(st.nodes(0).node_id(), "n1");
   EXPECT_EQ(st.nodes(0).state(), "training");

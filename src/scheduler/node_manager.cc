@@ -1,6 +1,10 @@
 #include "scheduler/node_manager.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 
 namespace ballast::scheduler {
@@ -26,19 +30,63 @@ std::string NodeManager::Describe(const std::string& name) const {
 }
 
 absl::Status NodeManager::Launch(Slot* slot) {
-  ++slot->incarnation;
-  NodeRequest req;
-  req.node_rank = slot->node_rank;
-  req.incarnation = slot->incarnation;
-  req.name = options_.name(slot->node_rank, slot->incarnation);
-  req.avoid_hosts.assign(avoid_hosts_.begin(), avoid_hosts_.end());
-  rank_of_[req.name] = slot->node_rank;
+  if (!slot->early.empty()) {
+    // Started ahead of the loss: it is the replacement (and already placed).
+    const std::string early = std::exchange(slot->early, "");
+    slot->incarnation = slot->early_incarnation;
+    slot->name = early;
+    auto h = hosts_.find(early);
+    slot->host = h == hosts_.end() ? "" : h->second;
+    slot->ended = false;
+    return absl::OkStatus();
+  }
+  slot->incarnation = std::max(slot->incarnation, slot->early_incarnation) + 1;
+  const NodeRequest req = Request(*slot, slot->incarnation);
   slot->name = req.name;
   slot->host.clear();
   slot->ended = false;
   absl::Status s = scheduler_->LaunchNode(req);
   if (!s.ok()) slot->ended = true;
   return s;
+}
+
+NodeRequest NodeManager::Request(const Slot& slot, int incarnation) {
+  NodeRequest req;
+  req.node_rank = slot.node_rank;
+  req.incarnation = incarnation;
+  req.name = options_.name(slot.node_rank, incarnation);
+  req.avoid_hosts.assign(avoid_hosts_.begin(), avoid_hosts_.end());
+  rank_of_[req.name] = slot.node_rank;
+  return req;
+}
+
+void NodeManager::StartEarly(Slot* slot, const std::string& why) {
+  const int incarnation = std::max(slot->incarnation, slot->early_incarnation) + 1;
+  const NodeRequest req = Request(*slot, incarnation);
+  slot->early_incarnation = incarnation;  // used up, even when the launch is refused
+  if (absl::Status s = scheduler_->LaunchNode(req); !s.ok()) {
+    spdlog::warn("cannot start {} early ({}): {}", req.name, why, std::string(s.message()));
+    return;
+  }
+  slot->early = req.name;
+  slot->early_since = options_.now();
+  Event("EarlyReplacement",
+        absl::StrCat("node ", Describe(slot->name), " ", why, ": starting ", req.name,
+                     " now, to take its place if it is lost (released if it is still there in ",
+                     options_.early_keep_s, " s)"),
+        false);
+}
+
+void NodeManager::ExpireEarly() {
+  const double now = options_.now();
+  for (auto& [rank, slot] : slots_) {
+    if (slot.early.empty() || slot.early_since + options_.early_keep_s > now) continue;
+    const std::string early = std::exchange(slot.early, "");
+    handled_.insert(early);
+    spdlog::info("node {} is still in the job {:.0f} s after it disconnected: releasing its early replacement {}",
+                 Describe(slot.name), options_.early_keep_s, early);
+    Release(early, absl::StrCat("not needed: ", slot.name, " is still in the job"));
+  }
 }
 
 absl::Status NodeManager::Start() {
@@ -79,12 +127,18 @@ absl::Status NodeManager::Start() {
 
 void NodeManager::OnNodeLost(const std::string& node_id, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  notices_.push_back({node_id, reason, false});
+  notices_.push_back({node_id, reason, NoticeKind::kLost});
 }
 
 void NodeManager::OnNodeExcluded(const std::string& node_id, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  notices_.push_back({node_id, reason, true});
+  notices_.push_back({node_id, reason, NoticeKind::kExcluded});
+}
+
+void NodeManager::OnNodeDisconnected(const std::string& node_id) {
+  if (!options_.early_replacement) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  notices_.push_back({node_id, "", NoticeKind::kDisconnected});
 }
 
 void NodeManager::Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished,
@@ -93,6 +147,11 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
   if (r == rank_of_.end() || handled_.count(name) > 0) return;  // not ours, or seen already
   handled_.insert(name);
   Slot& slot = slots_[r->second];
+  if (slot.early == name) {  // an early replacement ended before it was needed
+    slot.early.clear();
+    if (!job_finished) spdlog::warn("early replacement {} of {} is gone ({})", Describe(name), slot.name, cause);
+    return;
+  }
   if (slot.name != name) return;  // an older incarnation: already replaced
   if (still_running && release_after_s > 0) {
     deferred_[name] = Deferred{options_.now() + release_after_s, cause};
@@ -102,6 +161,11 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
   slot.ended = true;
   if (job_finished) return;
   if (replacements_ >= options_.max_replacements) {
+    if (!slot.early.empty()) {
+      const std::string early = std::exchange(slot.early, "");
+      handled_.insert(early);
+      Release(early, "the replacement budget is used up");
+    }
     Event("ReplacementsUsedUp",
           absl::StrCat("node ", Describe(name), " is gone (", cause, "); not replacing it: the replacement budget (",
                        options_.max_replacements, ") is used up"),
@@ -110,14 +174,17 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
   }
   ++replacements_;
   const std::string old = Describe(name);
+  const std::string early = slot.early;
+  const double early_s = options_.now() - slot.early_since;
   if (absl::Status s = Launch(&slot); !s.ok()) {
     Event("ReplacementFailed",
           absl::StrCat("node ", old, " is gone (", cause, "); cannot start its replacement: ", s.message()), true);
     return;
   }
   Event("NodeReplaced",
-        absl::StrCat("node ", old, " is gone (", cause, "); replacing it with ", slot.name, " (",
-                     replacements_, "/", options_.max_replacements, " replacements",
+        absl::StrCat("node ", old, " is gone (", cause, "); replacing it with ", slot.name,
+                     early.empty() ? "" : absl::StrFormat(" (started %.1f s before, when it disconnected)", early_s),
+                     " (", replacements_, "/", options_.max_replacements, " replacements",
                      avoid_hosts_.empty() ? "" : absl::StrCat(", avoiding ", avoid_hosts_.size(), " bad host(s)"),
                      ")"),
         false);
@@ -142,7 +209,18 @@ void NodeManager::Poll(bool job_finished) {
     notices.swap(notices_);
   }
   for (const Notice& n : notices) {
-    if (n.excluded) {
+    if (n.kind == NoticeKind::kDisconnected) {
+      auto r = rank_of_.find(n.node_id);
+      if (job_finished || r == rank_of_.end() || handled_.count(n.node_id) > 0) continue;
+      Slot& slot = slots_[r->second];
+      if (slot.name == n.node_id && !slot.ended && slot.early.empty() &&
+          replacements_ < options_.max_replacements) {
+        StartEarly(&slot, "hung up its connection to the master");
+      }
+      continue;
+    }
+    const bool excluded = n.kind == NoticeKind::kExcluded;
+    if (excluded) {
       auto h = hosts_.find(n.node_id);
       if (h != hosts_.end() && !h->second.empty() && avoid_hosts_.insert(h->second).second) {
         Event("NodeExcluded",
@@ -154,10 +232,11 @@ void NodeManager::Poll(bool job_finished) {
     // The master is the truth: a node it lost or excluded is gone even when
     // its agent still runs (hung, partitioned): release it, then replace it.
     // An excluded one first gets the time to exit by itself (file comment).
-    Gone(n.node_id, n.excluded ? absl::StrCat("excluded: ", n.reason) : n.reason, /*still_running=*/true,
-         job_finished, n.excluded ? options_.excluded_exit_s : 0);
+    Gone(n.node_id, excluded ? absl::StrCat("excluded: ", n.reason) : n.reason, /*still_running=*/true,
+         job_finished, excluded ? options_.excluded_exit_s : 0);
   }
   ReleaseDeferred(events);
+  ExpireEarly();
   for (const NodeEvent& e : events) {
     if (rank_of_.count(e.name) == 0) continue;
     switch (e.kind) {
@@ -221,6 +300,9 @@ NodeCallbacks ForwardTo(std::atomic<NodeManager*>* slot) {
                        },
                        [slot](const std::string& id, const std::string& reason) {
                          if (NodeManager* n = slot->load()) n->OnNodeExcluded(id, reason);
+                       },
+                       [slot](const std::string& id) {
+                         if (NodeManager* n = slot->load()) n->OnNodeDisconnected(id);
                        }};
 }
 

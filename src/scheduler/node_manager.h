@@ -17,6 +17,17 @@
 // the job goes on with the nodes it has (the master scales down to >= MIN) and
 // the late node joins when it starts (scale up).
 //
+// Early replacements (NodeManagerOptions::early_replacement; `ballast ray
+// run`): when the master says a node's agent hung up its stream, the node is
+// probably gone (its host died with every process on it), but the master
+// declares it lost only after the backend's death notice or its reconnect
+// grace. The rank's next incarnation starts at once, so that its placement,
+// agent and warm interpreters overlap that wait; it joins the master as a
+// waiting node. If the node is then lost, the early one is its replacement
+// (counted then) and the master takes it into the next world at once; if the
+// node is still there early_keep_s later (it reconnected), the early one is
+// released. An early one that ends before it is needed is forgotten.
+//
 // Threading: Poll() and Start() run on one thread (the launcher's loop), which
 // also drives the scheduler. OnNodeLost / OnNodeExcluded may be called from
 // any thread, including with the master's lock held: they only queue.
@@ -59,6 +70,11 @@ struct NodeManagerOptions {
   // while the job runs, before the node is released and replaced: the
   // master hears it at once, not when the node's heartbeats run out.
   std::function<void(const std::string& node_id, const std::string& reason)> on_scheduler_lost;
+  // Start a node's replacement when its agent disconnects from the master,
+  // ahead of the loss (file comment); released when the node is still there
+  // early_keep_s later.
+  bool early_replacement = false;
+  double early_keep_s = 30;
 };
 
 class NodeManager {
@@ -74,6 +90,7 @@ class NodeManager {
   // Thread-safe, non-blocking (see the file comment).
   void OnNodeLost(const std::string& node_id, const std::string& reason);
   void OnNodeExcluded(const std::string& node_id, const std::string& reason);
+  void OnNodeDisconnected(const std::string& node_id);
 
   // Takes the scheduler's events and the queued notices and acts on them.
   // With job_finished, ended nodes are not replaced any more.
@@ -95,11 +112,17 @@ class NodeManager {
     std::string name;  // the current node of this rank; "" when none
     std::string host;
     bool ended = false;  // the current node is gone (and was not replaced)
+    // An early replacement of the current node (file comment): its name, its
+    // incarnation and when it was started; "" when none.
+    std::string early;
+    int early_incarnation = 0;
+    double early_since = 0;
   };
+  enum class NoticeKind { kLost, kExcluded, kDisconnected };
   struct Notice {
     std::string node_id;
     std::string reason;
-    bool excluded = false;
+    NoticeKind kind = NoticeKind::kLost;
   };
   // The node is gone: release it if it may still run (after release_after_s,
   // unless it exits by then), then replace it.
@@ -110,6 +133,12 @@ class NodeManager {
   // Releases the deferred nodes whose time came; forgets those that exited.
   void ReleaseDeferred(const std::vector<NodeEvent>& events);
   absl::Status Launch(Slot* slot);
+  // The launch request of `slot`'s rank at `incarnation` (its name now known as the rank's).
+  NodeRequest Request(const Slot& slot, int incarnation);
+  // Starts `slot`'s next incarnation as an early replacement of its node.
+  void StartEarly(Slot* slot, const std::string& why);
+  // Releases early replacements whose node is still there after early_keep_s.
+  void ExpireEarly();
   void Event(const std::string& reason, const std::string& message, bool warning);
 
   SchedulerInterface* const scheduler_;
@@ -136,6 +165,7 @@ class NodeManager {
 struct NodeCallbacks {
   std::function<void(const std::string& node_id, const std::string& reason)> lost;
   std::function<void(const std::string& node_id, const std::string& reason)> excluded;
+  std::function<void(const std::string& node_id)> disconnected;
 };
 NodeCallbacks ForwardTo(std::atomic<NodeManager*>* slot);
 

@@ -67,10 +67,12 @@ std::vector<std::string> Names(const std::vector<NodeRequest>& rs) {
 }
 
 struct Harness {
-  explicit Harness(int nodes, int budget) {
+  explicit Harness(int nodes, int budget, bool early = false) {
     NodeManagerOptions o;
     o.initial_nodes = nodes;
     o.max_replacements = budget;
+    o.early_replacement = early;
+    o.early_keep_s = 30;
     o.on_event = [this](const std::string& reason, const std::string& msg, bool) {
       events.push_back(reason + ": " + msg);
     };
@@ -123,6 +125,124 @@ TEST(NodeManager, TheSchedulersLossGoesToTheMasterOnceWhileTheJobRuns) {
   sched.Lost("node-0", "its Ray node died");
   manager.Poll(/*job_finished=*/true);
   EXPECT_THAT(told, ElementsAre("node-1: its Ray node died"));
+}
+
+// Early replacements (`ballast ray run`): a node whose agent hung up its
+// stream gets its next incarnation at once; it is the replacement when the
+// node is then lost (placed already: no second launch, counted then).
+TEST(NodeManager, ADisconnectedNodesEarlyReplacementTakesItsPlaceWhenItIsLost) {
+  Harness h(2, 3, /*early=*/true);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.manager->OnNodeDisconnected("node-1");
+  h.manager->Poll(false);
+  ASSERT_EQ(h.sched.launched.size(), 3u);
+  EXPECT_EQ(h.sched.launched[2].name, "node-1-2");
+  EXPECT_EQ(h.sched.launched[2].node_rank, 1);
+  EXPECT_EQ(h.sched.launched[2].incarnation, 2);
+  EXPECT_EQ(h.manager->replacements(), 0);  // not yet: node-1 may come back
+  ASSERT_EQ(h.events.size(), 1u);
+  EXPECT_THAT(h.events[0], HasSubstr("EarlyReplacement: node node-1 (node rank 1) hung up its connection to the "
+                                     "master: starting node-1-2 now"));
+  // A second disconnect notice (the master process's status) starts nothing more.
+  h.manager->OnNodeDisconnected("node-1");
+  h.sched.Started("node-1-2", "ray:bbb@10.0.0.3");
+  h.clock += 0.5;
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 3u);
+  // Ray's death notice: node-1 is lost; node-1-2 is its replacement.
+  h.sched.Lost("node-1", "Ray node died");
+  h.manager->Poll(false);
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-1-2"));
+  EXPECT_EQ(h.manager->replacements(), 1);
+  ASSERT_EQ(h.events.size(), 2u);
+  EXPECT_THAT(h.events[1], HasSubstr("NodeReplaced: node node-1 (node rank 1) is gone (Ray node died); replacing it "
+                                     "with node-1-2 (started 0.5 s before, when it disconnected) (1/3 replacements"));
+  EXPECT_EQ(h.manager->Describe("node-1-2"), "node-1-2 (node rank 1, host ray:bbb@10.0.0.3)");
+  // It is the rank's node now: its own loss is replaced as usual, and not
+  // released by the early-replacement expiry.
+  h.clock += 60;
+  h.manager->Poll(false);
+  EXPECT_THAT(h.sched.released, ElementsAre("node-1: Ray node died"));  // the lost one only
+  h.sched.Exit("node-1-2", 1);
+  h.manager->Poll(false);
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-1-2", "node-1-3"));
+}
+
+TEST(NodeManager, AnEarlyReplacementIsReleasedWhenItsNodeIsStillThereAndForgottenWhenItEnds) {
+  Harness h(2, 3, /*early=*/true);
+  ASSERT_TRUE(h.manager->Start().ok());
+  h.manager->OnNodeDisconnected("node-0");
+  h.manager->Poll(false);
+  EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-0-2"));
+  h.clock += 29;
+  h.manager->Poll(false);
+  EXPECT_TRUE(h.sched.released.empty());
+  // node-0 reconnected: 30 s after the disconnect its early one goes.
+  h.clock += 1;
+  h.manager->Poll(false);
+  EXPECT_THAT(h.sched.released, ElementsAre("node-0-2: not needed: node-0 is still in the job"));
+  EXPECT_EQ(h.manager->replacements(), 0);
+  // The released one's exit, or the master losing it, replaces nothing.
+  h.sched.Exit("node-0-2", 143);
+  h.manager->OnNodeLost("node-0-2", "agent disconnected");
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 3u);
+  // The next disconnect starts incarnation 3 (2 is used up); this one ends by
+  // itself before node-0 is lost: forgotten, and the loss launches incarnation 4.
+  h.manager->OnNodeDisconnected("node-0");
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.back().name, "node-0-3");
+  h.sched.Exit("node-0-3", 1);
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.size(), 4u);
+  h.manager->OnNodeLost("node-0", "agent disconnected");
+  h.manager->Poll(false);
+  EXPECT_EQ(h.sched.launched.back().name, "node-0-4");
+  EXPECT_EQ(h.sched.launched.back().incarnation, 4);
+  EXPECT_EQ(h.manager->replacements(), 1);
+  EXPECT_FALSE(h.manager->Exhausted());
+}
+
+TEST(NodeManager, NoEarlyReplacementWhenOffOrTheBudgetIsUsedUpOrTheJobFinished) {
+  {
+    Harness h(2, 3, /*early=*/false);
+    ASSERT_TRUE(h.manager->Start().ok());
+    h.manager->OnNodeDisconnected("node-1");
+    h.manager->Poll(false);
+    EXPECT_EQ(h.sched.launched.size(), 2u);
+  }
+  {
+    Harness h(2, 0, /*early=*/true);
+    ASSERT_TRUE(h.manager->Start().ok());
+    h.manager->OnNodeDisconnected("node-1");
+    h.manager->Poll(false);
+    EXPECT_EQ(h.sched.launched.size(), 2u);
+  }
+  {
+    Harness h(2, 3, /*early=*/true);
+    ASSERT_TRUE(h.manager->Start().ok());
+    h.manager->OnNodeDisconnected("node-1");
+    h.manager->Poll(/*job_finished=*/true);
+    h.manager->OnNodeDisconnected("someone-else");
+    h.manager->Poll(false);
+    EXPECT_EQ(h.sched.launched.size(), 2u);
+  }
+  {
+    // The budget ran out between the disconnect and the loss (another node's
+    // replacement): the early one is released, not kept.
+    Harness h(3, 1, /*early=*/true);
+    ASSERT_TRUE(h.manager->Start().ok());
+    h.manager->OnNodeDisconnected("node-1");
+    h.manager->Poll(false);
+    h.sched.Exit("node-2", 1);
+    h.manager->Poll(false);
+    EXPECT_EQ(h.manager->replacements(), 1);
+    h.manager->OnNodeLost("node-1", "agent disconnected");
+    h.manager->Poll(false);
+    EXPECT_THAT(h.sched.released,
+                ElementsAre("node-1: agent disconnected", "node-1-2: the replacement budget is used up"));
+    EXPECT_THAT(Names(h.sched.launched), ElementsAre("node-0", "node-1", "node-2", "node-1-2", "node-2-2"));
+  }
 }
 
 TEST(NodeManager, MasterLossAndSchedulerExitOfOneNodeReplaceItOnce) {
