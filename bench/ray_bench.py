@@ -14,6 +14,10 @@ and one fault per run at step 15:
   - node:   the Ray node hosting node rank 1 (Ballast) / world rank 1 (Ray Train) is removed
             without grace (cluster.remove_node(allow_graceful=False): its raylet and every
             process on it killed); a fresh Ray node is added 2 s later;
+  - pod:    the same Ray node loses every process at once, as when its pod or container is
+            deleted: its raylet and every process under it (the agent actor, the agent, the
+            ranks) SIGKILLed together, then the node removed; a fresh node 2 s later
+            (not in the default --faults);
   - worker: the process of rank 1 is SIGKILLed (Ballast: --chaos kill-worker:rank=1,at_step=15,
             the fault time is when the bench sees that process die; Ray Train: the bench
             kills rank 1's worker actor process itself when rank 1 has logged step 15).
@@ -41,7 +45,7 @@ Run (as root, from the repository root; every process of the cluster uses this i
     $(make -s ray-train) bench/ray_bench.py --trials 3
     build/venv-ray/bin/python bench/ray_bench.py --systems ballast        # Ballast only
 
-Options: --trials N (3), --steps N (60), --faults node,worker, --systems ballast,raytrain,
+Options: --trials N (3), --steps N (60), --faults node,worker (or pod), --systems ballast,raytrain,
 --ballast-flags '...' (more `ballast ray run` flags: '--spares 1 --cpus-per-node 1' makes the
 cluster's free third node a hot spare), --json FILE. One trial (5 jobs) takes about 7 minutes on a 2-core machine (Ballast's 2 jobs ~1 min,
 Ray Train's 3 ~6 min: a checkpoint reported every step costs it ~1.8 s), plus ~15 s to start the cluster. Not a test:
@@ -221,6 +225,25 @@ def alive(pid):
         return False
 
 
+def descendants(pid):
+    """Every process under pid (from /proc), children before their own children."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 class Bench:
     def __init__(self, args):
         import ray
@@ -246,10 +269,19 @@ class Bench:
     def add_node(self):
         self.nodes.append(self.cluster.add_node(num_cpus=1, object_store_memory=STORE))
 
-    def remove(self, node_id):
+    def remove(self, node_id, every_process=False):
         node = next((n for n in self.nodes if n.node_id == node_id), None)
         if node is None:
             raise RuntimeError(f"Ray node {node_id} is not one of the bench's")
+        if every_process:
+            # A deleted pod: the raylet and everything under it die together (remove_node kills the
+            # raylet, and its workers notice ~0.5 s later).
+            raylet = node.all_processes["raylet"][0].process.pid
+            for pid in [raylet] + descendants(raylet):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.cluster.remove_node(node, allow_graceful=False)
         self.nodes.remove(node)
 
@@ -304,7 +336,7 @@ class Bench:
                 if t_fault is None:
                     recs = read_jsonl(steps_file)
                     done = [r for r in recs if r["ev"] == "step"]
-                    if fault == "node" and any(r["step"] >= FAULT_STEP for r in done):
+                    if fault in ("node", "pod") and any(r["step"] >= FAULT_STEP for r in done):
                         if system == "ballast":
                             victim = agent_ray_node(out, 1)
                         else:
@@ -312,7 +344,7 @@ class Bench:
                         if victim is None:
                             raise RuntimeError("no Ray node hosts node rank 1")
                         t_fault = time.time()
-                        self.remove(victim)
+                        self.remove(victim, every_process=fault == "pod")
                         t_add = t_fault + 2.0
                     elif fault == "worker":
                         starts = [r for r in recs if r["ev"] == "start" and r["rank"] == 1]
@@ -417,7 +449,7 @@ def main():
         if s not in ("ballast", "raytrain"):
             ap.error(f"unknown system {s}")
     for f in faults:
-        if f not in ("node", "worker"):
+        if f not in ("node", "pod", "worker"):
             ap.error(f"unknown fault {f}")
     if "raytrain" in systems:
         try:

@@ -153,13 +153,19 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
     return;
   }
   if (slot.name != name) return;  // an older incarnation: already replaced
-  if (still_running && release_after_s > 0) {
-    deferred_[name] = Deferred{options_.now() + release_after_s, cause};
-  } else if (still_running) {
-    Release(name, cause);
-  }
   slot.ended = true;
+  if (still_running && release_after_s > 0) {
+    // Excluded: it exits by itself once the rollback target is written; the
+    // replacement starts then (ReleaseDeferred), not before.
+    deferred_[name] = Deferred{options_.now() + release_after_s, cause, !job_finished};
+    return;
+  }
+  if (still_running) Release(name, cause);
   if (job_finished) return;
+  Replace(slot, name, cause);
+}
+
+void NodeManager::Replace(Slot& slot, const std::string& name, const std::string& cause) {
   if (replacements_ >= options_.max_replacements) {
     if (!slot.early.empty()) {
       const std::string early = std::exchange(slot.early, "");
@@ -235,7 +241,7 @@ void NodeManager::Poll(bool job_finished) {
     Gone(n.node_id, excluded ? absl::StrCat("excluded: ", n.reason) : n.reason, /*still_running=*/true,
          job_finished, excluded ? options_.excluded_exit_s : 0);
   }
-  ReleaseDeferred(events);
+  ReleaseDeferred(events, job_finished);
   ExpireEarly();
   for (const NodeEvent& e : events) {
     if (rank_of_.count(e.name) == 0) continue;
@@ -268,9 +274,15 @@ void NodeManager::Release(const std::string& name, const std::string& cause) {
   if (!s.ok() && !absl::IsNotFound(s)) spdlog::warn("cannot release {}: {}", Describe(name), std::string(s.message()));
 }
 
-void NodeManager::ReleaseDeferred(const std::vector<NodeEvent>& events) {
+void NodeManager::ReleaseDeferred(const std::vector<NodeEvent>& events, bool job_finished) {
+  // Those that ended (exited by themselves, or lost) are replaced now.
   for (const NodeEvent& e : events) {
-    if (e.kind == NodeEvent::Kind::kExited) deferred_.erase(e.name);
+    if (e.kind != NodeEvent::Kind::kExited && e.kind != NodeEvent::Kind::kLost) continue;
+    auto it = deferred_.find(e.name);
+    if (it == deferred_.end()) continue;
+    const Deferred d = it->second;
+    deferred_.erase(it);
+    if (d.replace && !job_finished) Replace(slots_[rank_of_[e.name]], e.name, d.cause);
   }
   const double now = options_.now();
   for (auto it = deferred_.begin(); it != deferred_.end();) {
@@ -280,14 +292,19 @@ void NodeManager::ReleaseDeferred(const std::vector<NodeEvent>& events) {
     }
     spdlog::warn("{} still runs {:.0f} s after it was excluded: stopping it", Describe(it->first),
                  options_.excluded_exit_s);
-    Release(it->first, it->second.cause);
+    const std::string name = it->first;
+    const Deferred d = it->second;
     it = deferred_.erase(it);
+    Release(name, d.cause);
+    if (d.replace && !job_finished) Replace(slots_[rank_of_[name]], name, d.cause);
   }
 }
 
 bool NodeManager::Exhausted() const {
-  // A gone node is replaced at once while the budget lasts, so "every slot
-  // ended" means nothing more will come.
+  // A gone node is replaced at once while the budget lasts (an excluded one
+  // once its agent exited: deferred_), so "every slot ended" with nothing
+  // deferred means nothing more will come.
+  if (!deferred_.empty()) return false;
   for (const auto& [rank, slot] : slots_) {
     if (!slot.ended) return false;
   }

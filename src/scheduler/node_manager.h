@@ -11,7 +11,9 @@
 // once it has dropped the steps a rollback discards and written the rollback
 // target (the replacement reads it from disk): it is released only if it still
 // runs excluded_exit_s after the exclusion (hung, or cut off from the master),
-// so that a stop cannot overtake that write. Once the job finished nothing is
+// so that a stop cannot overtake that write; its replacement starts once it
+// exited (or was released), so that the replacement's ranks cannot look for
+// the target before it is written. Once the job finished nothing is
 // replaced, nor is a node whose agent exited 0 (an agent does that only when
 // the job succeeded). Nodes pending past the backend's timeout are reported, and kept:
 // the job goes on with the nodes it has (the master scales down to >= MIN) and
@@ -128,10 +130,13 @@ class NodeManager {
   // unless it exits by then), then replace it.
   void Gone(const std::string& name, const std::string& cause, bool still_running, bool job_finished,
             double release_after_s = 0);
+  // Starts the replacement of `slot`'s node `name` (gone: cause) while the budget lasts.
+  void Replace(Slot& slot, const std::string& name, const std::string& cause);
   // Stops a node that may still run (a gone one is fine).
   void Release(const std::string& name, const std::string& cause);
-  // Releases the deferred nodes whose time came; forgets those that exited.
-  void ReleaseDeferred(const std::vector<NodeEvent>& events);
+  // Releases the deferred nodes whose time came; forgets those that exited;
+  // replaces both (unless the job finished).
+  void ReleaseDeferred(const std::vector<NodeEvent>& events, bool job_finished);
   absl::Status Launch(Slot* slot);
   // The launch request of `slot`'s rank at `incarnation` (its name now known as the rank's).
   NodeRequest Request(const Slot& slot, int incarnation);
@@ -150,6 +155,7 @@ class NodeManager {
   struct Deferred {
     double at = 0;  // options_.now() when it is released
     std::string cause;
+    bool replace = false;  // replace it once it exited or was released
   };
   std::map<std::string, Deferred> deferred_;  // excluded nodes given time to exit by themselves
   std::set<std::string> avoid_hosts_;

@@ -267,16 +267,19 @@ TEST(NodeManager, ExcludedNodesHostIsAvoidedByEveryLaterLaunch) {
   h.manager->Poll(false);
   h.manager->OnNodeExcluded("node-1", "failed the pre-flight check");
   h.manager->Poll(false);
-  ASSERT_EQ(h.sched.launched.size(), 3u);  // replaced at once
-  EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
   // Its agent exits by itself (after writing what a rollback needs): it is
-  // stopped only if it still runs 10 s later.
+  // stopped only if it still runs 10 s later, and replaced then.
+  EXPECT_EQ(h.sched.launched.size(), 2u);
+  EXPECT_FALSE(h.manager->Exhausted());
   h.clock += 9.9;
   h.manager->Poll(false);
   EXPECT_TRUE(h.sched.released.empty());
+  EXPECT_EQ(h.sched.launched.size(), 2u);
   h.clock += 0.2;
   h.manager->Poll(false);
   EXPECT_THAT(h.sched.released, ElementsAre("node-1: excluded: failed the pre-flight check"));
+  ASSERT_EQ(h.sched.launched.size(), 3u);
+  EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
   h.clock += 20;
   h.manager->Poll(false);
   EXPECT_EQ(h.sched.released.size(), 1u);
@@ -303,18 +306,24 @@ TEST(NodeManager, ExclusionSeenWithTheAgentsExitStillAvoidsTheHost) {
 // SDC: the excluded agent drops the rolled-back steps and writes the rollback
 // target, then exits. Stopping it at once (SIGTERM) could overtake that: its
 // stop would write its newest steps instead, and the replacement would find
-// no rollback target on disk (seen in a clean-clone run of test_health).
-TEST(NodeManager, AnExcludedNodeThatExitsByItselfIsNeverStopped) {
+// no rollback target on disk (seen in a clean-clone run of test_health). Nor
+// may its replacement start before it exited: the replacement's ranks would
+// look for the target before it is written (seen in a later clean-clone run:
+// CheckpointLostError, "none is on disk").
+TEST(NodeManager, AnExcludedNodeThatExitsByItselfIsNeverStoppedAndReplacedOnceItExited) {
   Harness h(2, 5);
   ASSERT_TRUE(h.manager->Start().ok());
   h.sched.Started("node-1", "host-b");
   h.manager->Poll(false);
   h.manager->OnNodeExcluded("node-1", "silent data corruption");
   h.manager->Poll(false);
-  EXPECT_EQ(h.sched.launched.size(), 3u);
+  EXPECT_EQ(h.sched.launched.size(), 2u);
   h.clock += 1;
   h.sched.Exit("node-1", 1);
   h.manager->Poll(false);
+  ASSERT_EQ(h.sched.launched.size(), 3u);
+  EXPECT_EQ(h.sched.launched[2].name, "node-1-2");
+  EXPECT_THAT(h.sched.launched[2].avoid_hosts, ElementsAre("host-b"));
   h.clock += 60;
   h.manager->Poll(false);
   EXPECT_TRUE(h.sched.released.empty());
