@@ -261,13 +261,14 @@ TEST(FencedScheduler, ALostPodOfARunningJobIsReplacedAsBefore) {
   EXPECT_THAT(m.events, ElementsAre("NodeReplaced"));
   m.fenced->OnNodeExcluded("job-worker-0-1", "failed the pre-flight check");
   m.nodes->Poll(false);
-  EXPECT_THAT(m.pods.launched, ElementsAre("job-worker-0-1", "job-worker-1-1", "job-worker-1-2", "job-worker-0-2"));
-  // The excluded pod's agent exits by itself; its pod is deleted only if it
-  // still runs excluded_exit_s later.
+  // The excluded pod's agent exits by itself (its replacement starts then);
+  // its pod is deleted, and replaced, only if it still runs excluded_exit_s later.
+  EXPECT_THAT(m.pods.launched, ElementsAre("job-worker-0-1", "job-worker-1-1", "job-worker-1-2"));
   EXPECT_THAT(m.pods.released, ElementsAre("job-worker-1-1"));
   m.clock += 10.5;
   m.nodes->Poll(false);
   EXPECT_THAT(m.pods.released, ElementsAre("job-worker-1-1", "job-worker-0-1"));
+  EXPECT_THAT(m.pods.launched, ElementsAre("job-worker-0-1", "job-worker-1-1", "job-worker-1-2", "job-worker-0-2"));
   EXPECT_THAT(m.events, ElementsAre("NodeReplaced", "NodeExcluded", "NodeReplaced"));
   EXPECT_FALSE(m.fence.fenced());
   EXPECT_EQ(m.fenced->held(), 0u);
