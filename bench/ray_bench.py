@@ -225,25 +225,6 @@ def alive(pid):
         return False
 
 
-def descendants(pid):
-    """Every process under pid (from /proc), children before their own children."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 class Bench:
     def __init__(self, args):
         import ray
@@ -276,12 +257,8 @@ class Bench:
         if every_process:
             # A deleted pod: the raylet and everything under it die together (remove_node kills the
             # raylet, and its workers notice ~0.5 s later).
-            raylet = node.all_processes["raylet"][0].process.pid
-            for pid in [raylet] + descendants(raylet):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            from recovery_matrix import kill_tree
+            kill_tree(node.all_processes["raylet"][0].process.pid)
         self.cluster.remove_node(node, allow_graceful=False)
         self.nodes.remove(node)
 
