@@ -40,7 +40,7 @@ absl::Status NodeManager::Launch(Slot* slot) {
     slot->ended = false;
     return absl::OkStatus();
   }
-  slot->incarnation = std::max(slot->incarnation, slot->early_incarnation) + 1;
+  slot->incarnation = NextIncarnation(*slot);
   const NodeRequest req = Request(*slot, slot->incarnation);
   slot->name = req.name;
   slot->host.clear();
@@ -60,8 +60,18 @@ NodeRequest NodeManager::Request(const Slot& slot, int incarnation) {
   return req;
 }
 
+int NodeManager::NextIncarnation(const Slot& slot) {
+  return std::max(slot.incarnation, slot.early_incarnation) + 1;  // an early one's number stays used
+}
+
+void NodeManager::DropEarly(Slot& slot, const std::string& why) {
+  const std::string early = std::exchange(slot.early, "");
+  handled_.insert(early);
+  Release(early, why);
+}
+
 void NodeManager::StartEarly(Slot* slot, const std::string& why) {
-  const int incarnation = std::max(slot->incarnation, slot->early_incarnation) + 1;
+  const int incarnation = NextIncarnation(*slot);
   const NodeRequest req = Request(*slot, incarnation);
   slot->early_incarnation = incarnation;  // used up, even when the launch is refused
   if (absl::Status s = scheduler_->LaunchNode(req); !s.ok()) {
@@ -81,11 +91,9 @@ void NodeManager::ExpireEarly() {
   const double now = options_.now();
   for (auto& [rank, slot] : slots_) {
     if (slot.early.empty() || slot.early_since + options_.early_keep_s > now) continue;
-    const std::string early = std::exchange(slot.early, "");
-    handled_.insert(early);
     spdlog::info("node {} is still in the job {:.0f} s after it disconnected: releasing its early replacement {}",
-                 Describe(slot.name), options_.early_keep_s, early);
-    Release(early, absl::StrCat("not needed: ", slot.name, " is still in the job"));
+                 Describe(slot.name), options_.early_keep_s, slot.early);
+    DropEarly(slot, absl::StrCat("not needed: ", slot.name, " is still in the job"));
   }
 }
 
@@ -167,11 +175,7 @@ void NodeManager::Gone(const std::string& name, const std::string& cause, bool s
 
 void NodeManager::Replace(Slot& slot, const std::string& name, const std::string& cause) {
   if (replacements_ >= options_.max_replacements) {
-    if (!slot.early.empty()) {
-      const std::string early = std::exchange(slot.early, "");
-      handled_.insert(early);
-      Release(early, "the replacement budget is used up");
-    }
+    if (!slot.early.empty()) DropEarly(slot, "the replacement budget is used up");
     Event("ReplacementsUsedUp",
           absl::StrCat("node ", Describe(name), " is gone (", cause, "); not replacing it: the replacement budget (",
                        options_.max_replacements, ") is used up"),

@@ -31,7 +31,7 @@
 // released. An early one that ends before it is needed is forgotten.
 //
 // Threading: Poll() and Start() run on one thread (the launcher's loop), which
-// also drives the scheduler. OnNodeLost / OnNodeExcluded may be called from
+// also drives the scheduler. OnNodeLost / OnNodeExcluded / OnNodeDisconnected may be called from
 // any thread, including with the master's lock held: they only queue.
 #pragma once
 
@@ -140,6 +140,10 @@ class NodeManager {
   absl::Status Launch(Slot* slot);
   // The launch request of `slot`'s rank at `incarnation` (its name now known as the rank's).
   NodeRequest Request(const Slot& slot, int incarnation);
+  // The incarnation `slot`'s next launch gets (past any early one's).
+  static int NextIncarnation(const Slot& slot);
+  // Releases `slot`'s early replacement and forgets it.
+  void DropEarly(Slot& slot, const std::string& why);
   // Starts `slot`'s next incarnation as an early replacement of its node.
   void StartEarly(Slot* slot, const std::string& why);
   // Releases early replacements whose node is still there after early_keep_s.
