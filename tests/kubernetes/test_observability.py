@@ -1,7 +1,7 @@
 """A job's dashboard and metrics on the cluster: the master pod serves the dashboard,
 /api/v1/job, /api/v1/events and /metrics (the job token) on its http port, which its
 Service exposes; `kubectl get elasticjobs` shows the job's goodput; a real Prometheus
-finds the master pod by its prometheus.io annotations (as the README's kubernetes_sd
+finds the master pod by its prometheus.io annotations (as docs/kubernetes.md's kubernetes_sd
 scrape config does; Debian's Prometheus lacks kubernetes_sd, so the test discovers the
 pods into a file_sd file) and scrapes it with the job's token; a real headless
 Chromium renders the dashboard.
@@ -40,7 +40,7 @@ def http_get(url, token=None, timeout=10):
 
 def scrape_config(targets_file, job_token_file):
     """Debian's Prometheus is built without kubernetes_sd: the test discovers the master pods
-    itself, the way the README's kubernetes_sd relabeling does (pods annotated
+    itself, the way docs/kubernetes.md's kubernetes_sd relabeling does (pods annotated
     prometheus.io/scrape=true, their prometheus.io/port and path), into a file_sd file."""
     return f"""global:
   scrape_interval: 1s
@@ -59,7 +59,7 @@ scrape_configs:
 
 
 def discover(pods):
-    """What the README's kubernetes_sd relabel_configs keep and rewrite, for file_sd."""
+    """What docs/kubernetes.md's kubernetes_sd relabel_configs keep and rewrite, for file_sd."""
     groups = []
     for p in pods:
         a = p["metadata"].get("annotations") or {}

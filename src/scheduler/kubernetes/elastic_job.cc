@@ -363,7 +363,7 @@ Json BuildMasterPod(const ElasticJobSpec& job, const MasterPodParams& p) {
       {"resources", {{"requests", {{"cpu", "100m"}, {"memory", "128Mi"}}}, {"limits", {{"memory", "1Gi"}}}}},
   };
   // Prometheus' kubernetes_sd pod role finds the master by these (the scrape
-  // needs the job token: README, "Metrics on Kubernetes").
+  // needs the job token: docs/kubernetes.md, "Master address, image, dashboard").
   pod["metadata"]["annotations"] = {{"prometheus.io/scrape", "true"},
                                     {"prometheus.io/port", std::to_string(kMasterHttpPort)},
                                     {"prometheus.io/path", "/metrics"}};
