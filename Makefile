@@ -8,7 +8,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build k8s-binaries torch2 downloads test-setup test-wheels ray ray-train wheel test unit integration kubernetes slurm demo install bench fuzz clean
+.PHONY: all deps configure build k8s-binaries torch2 downloads test-prep test-setup test-wheels ray ray-train wheel test unit integration kubernetes slurm demo install bench fuzz clean
 
 all: build
 
@@ -63,9 +63,14 @@ downloads:
 	@scripts/ray-venv.sh >/dev/null
 	@scripts/container-base.sh >/dev/null
 
-# Everything `make test` needs before ctest. On a fresh machine the downloads
-# overlap the builds (make -j3 of the three groups); the wheels and the test
-# venvs come after both.
+# Everything the tests need but the Go builds: the downloads overlap the C++
+# build (make -j2 of the two groups); the wheels and the test venvs come after
+# both. test-setup adds the Go builds (make -j3), for the targets below that
+# run one label.
+test-prep: deps
+	@$(MAKE) --no-print-directory -j2 build downloads
+	@$(MAKE) --no-print-directory test-wheels ray
+
 test-setup: deps
 	@$(MAKE) --no-print-directory -j3 build k8s-binaries downloads
 	@$(MAKE) --no-print-directory test-wheels ray
@@ -78,8 +83,12 @@ ray-train:
 wheel: deps
 	scripts/build-wheels.sh --out dist --work $(BUILD_DIR)/wheel-build --sdist
 
-test: test-setup
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+# The Go builds (k8s-binaries) go on in the background at idle priority while
+# test-prep runs and then the suites that run one at a time (label serial);
+# the rest of the tests (unit, Slurm, Kubernetes) come after them
+# (scripts/make-test.sh). CTEST_ARGS go to both ctest runs.
+test:
+	@scripts/make-test.sh $(BUILD_DIR) $(JOBS) $(CTEST_ARGS)
 
 unit: build torch2 test-wheels ray
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit -j $(JOBS)

@@ -41,6 +41,14 @@ function(ballast_cc_test)
   set(serial FALSE)
   if("integration" IN_LIST B_LABELS)
     set(serial TRUE)  # each starts several real training processes
+    # One label, not "integration;serial": gtest_discover_tests flattens a list
+    # value into the properties. `ctest -L integration` and `-L serial` (what
+    # `make test` runs first: scripts/make-test.sh) both match it.
+    list(TRANSFORM B_LABELS REPLACE "^integration$" "integration-serial")
+  endif()
+  list(LENGTH B_LABELS n_labels)
+  if(n_labels GREATER 1)
+    message(FATAL_ERROR "ballast_cc_test(${B_NAME}): one label only (gtest_discover_tests flattens a list)")
   endif()
   gtest_discover_tests(${B_NAME}
     PROPERTIES LABELS "${B_LABELS}" TIMEOUT ${B_TIMEOUT} RUN_SERIAL ${serial}
