@@ -6,7 +6,7 @@
 #
 #   scripts/build-wheels.sh [--out DIR] [--work DIR] [--sdist] [VERSION ...]
 #       VERSION: 3.10 3.11 3.12 3.13 (the default: all four), each built with
-#       pyenv's interpreter of that version (~/.pyenv/versions/VERSION.*), else
+#       pyenv's interpreter of that version ($PYENV_ROOT/versions/VERSION.*, default ~/.pyenv), else
 #       /usr/bin/pythonVERSION. Nothing downloads an interpreter.
 #   `make wheel` = scripts/build-wheels.sh --out dist --sdist
 #
@@ -55,7 +55,7 @@ fi
 
 interpreter() {  # VERSION -> path of a CPython of that version, or ""
   local v=$1 p
-  for p in $(ls -d "$HOME/.pyenv/versions/$v".* 2>/dev/null | sort -V -r); do
+  for p in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$v".* 2>/dev/null | sort -V -r); do
     [ -x "$p/bin/python3" ] && { echo "$p/bin/python3"; return; }
   done
   [ -x "/usr/bin/python$v" ] && echo "/usr/bin/python$v"
@@ -63,7 +63,7 @@ interpreter() {  # VERSION -> path of a CPython of that version, or ""
 
 for v in "${versions[@]}"; do
   py=$(interpreter "$v")
-  [ -n "$py" ] || { echo "ballast: no CPython $v here (looked in ~/.pyenv/versions and /usr/bin)" >&2; exit 1; }
+  [ -n "$py" ] || { echo "ballast: no CPython $v here (looked in ${PYENV_ROOT:-$HOME/.pyenv}/versions and /usr/bin; set PYENV_ROOT if pyenv is elsewhere)" >&2; exit 1; }
   tag=cp${v/./}
   # pip from a venv of that interpreter (Debian's python3 has none of its own).
   if [ ! -x "$work/venv-$tag/bin/python" ]; then

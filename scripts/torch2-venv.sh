@@ -8,7 +8,7 @@
 #   scripts/torch2-venv.sh --path     prints that path, builds nothing (CMake's
 #                                     configure step: the tests' BALLAST_TORCH2_PYTHON)
 #   scripts/torch2-venv.sh --python 3.12 [--path]
-#       the same torch for another CPython (pyenv's ~/.pyenv/versions/3.12.*;
+#       the same torch for another CPython (pyenv's $PYENV_ROOT/versions/3.12.*;
 #       nothing downloads an interpreter): ~/.cache/ballast/torch-2.15.0-py3.12,
 #       where the wheel tests install Ballast's wheel. Its CUDA libraries
 #       (nvidia-*, 3 GB, the same files for every Python) are the first venv's,
@@ -42,9 +42,10 @@ if [ -n "$other" ]; then
   venv="$cache/torch-$TORCH_VERSION-py$other"
   if [ "$want_path" = 1 ]; then echo "$venv/bin/python"; exit 0; fi
   [ -f "$venv/.ballast-ready" ] && { echo "$venv/bin/python"; exit 0; }
-  base=$(ls -d "$HOME/.pyenv/versions/$other".* 2>/dev/null | sort -V -r | head -1)
+  pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+  base=$(ls -d "$pyenv_root/versions/$other".* 2>/dev/null | sort -V -r | head -1 || true)
   [ -n "$base" ] && [ -x "$base/bin/python3" ] || {
-    echo "ballast: no CPython $other in ~/.pyenv/versions (nothing here downloads one)" >&2; exit 1; }
+    echo "ballast: no CPython $other in $pyenv_root/versions (pyenv's; set PYENV_ROOT if it is elsewhere; nothing here downloads one)" >&2; exit 1; }
   first=$("$0")  # the CUDA libraries come from the default venv
   nvidia=$("$first" -c 'import os, nvidia; print(os.path.dirname(list(nvidia.__path__)[0]))')
   echo "ballast: building the torch $TORCH_VERSION venv for CPython $other in $venv (once; ~1 GB)" >&2
