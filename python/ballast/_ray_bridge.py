@@ -1,7 +1,7 @@
 """The Ray bridge of `ballast ray run`: the only part of Ballast that speaks Ray.
 
-`ballast ray run` (C++: src/cli/cmd_ray.cc) runs the job's master and its
-replacement policy (NodeManager); it starts this script as a child process and
+`ballast ray run` (C++: src/cli/cmd_ray.cc) runs the job's replacement policy
+(NodeManager) and drives its master; it starts this script as a child process and
 talks to it over fd 3, one JSON object per line (the protocol is described in
 src/scheduler/ray/ray_scheduler.h). The bridge connects to the Ray cluster as
 a driver, places one agent actor per Ray node (hard node affinity, the
@@ -9,7 +9,11 @@ per-node CPUs, GPUs and custom resources requested, so no second agent of the
 job lands on a node and other jobs see the node taken), starts the agent
 (`ballast run`) in it, and reports what Ray saw: started on which node, the
 agent's exit status, the actor or its node dead (Ray's death notice: faster
-than a heartbeat timeout), no free node.
+than a heartbeat timeout), no free node. It also runs the job's master as an
+actor (`ballast master --journal DIR`) pinned to the head (or the node asked
+for), which Ray restarts there when it dies: every incarnation resumes the
+job from its journal on the port the first one picked, so the agents
+reconnect and training goes on.
 
 It is run as a file (runpy), not imported as `ballast._ray_bridge`: importing
 the `ballast` package imports torch, seconds the driver does not need, and
@@ -18,7 +22,8 @@ classes defined in `__main__` travel to the Ray nodes by value.
 Nothing is left behind: the agent actors belong to this driver (Ray kills them
 when it goes), each agent dies with its actor (PR_SET_PDEATHSIG), and each
 worker with its agent; on EOF, SIGTERM or stop_all every agent gets SIGTERM,
-then SIGKILL after the grace, and its actor is killed.
+then SIGKILL after the grace, and its actor is killed. The master's actor is
+this driver's too, and its master process dies with it.
 """
 import ctypes
 import json
@@ -41,6 +46,110 @@ def _die_with_parent():
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _local_ballast(argv):
+    """argv with its ballast binary as installed on this node (the driver's path, else `ballast` on PATH)."""
+    import ray
+    if os.access(argv[0], os.X_OK):
+        return list(argv)
+    # Another machine: the same Ballast installed elsewhere on it.
+    found = shutil.which("ballast")
+    if found is None:
+        raise RuntimeError(f"Ray node {ray.util.get_node_ip_address()}: no ballast binary at {argv[0]} and no "
+                           "`ballast` on PATH; install Ballast on every node (pip install ballast)")
+    return [found] + list(argv[1:])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class _Master:
+    """The job's master: `ballast master --journal DIR` on this Ray node. Ray
+    restarts the actor here (hard node affinity) when it dies, and the actor
+    dies when its master process dies of a signal; every incarnation serves
+    the port the first one picked (kept beside the journal), so the agents
+    reconnect to it."""
+
+    def __init__(self, argv, env, journal, advertise_host, cleanup):
+        import threading
+        import ray
+        self.journal = journal
+        self.cleanup = cleanup
+        os.makedirs(journal, exist_ok=True)
+        state_path = os.path.join(journal, "ray-master.json")
+        try:
+            with open(state_path) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = {}
+        port = int(state.get("port") or _free_port())
+        incarnation = int(state.get("incarnation", 0)) + 1
+        with open(state_path + ".tmp", "w") as f:
+            json.dump({"port": port, "incarnation": incarnation}, f)
+        os.replace(state_path + ".tmp", state_path)
+        ip = ray.util.get_node_ip_address()
+        argv = _local_ballast(argv) + ["--host", "0.0.0.0", "--port", str(port), "--advertise-host",
+                                       advertise_host or ip]
+        full = dict(os.environ)
+        full.update(env)
+        self.stopping = False
+        self.code = None
+        self.proc = None
+        self.ended = threading.Event()
+        started = threading.Event()
+        failed = []
+
+        def keep():
+            # The master's parent thread (PR_SET_PDEATHSIG is the forking thread's): it lives as long as the master.
+            try:
+                self.proc = subprocess.Popen(argv, env=full, preexec_fn=_die_with_parent)
+            except OSError as e:
+                failed.append(e)
+                started.set()
+                return
+            started.set()
+            code = self.proc.wait()
+            if code < 0 and not self.stopping:
+                # Died of a signal (OOM, a kill): the actor goes with it, and Ray restarts both here.
+                print(f"ballast: the master process (pid {self.proc.pid}) died of signal {-code}; Ray restarts its "
+                      "actor, which resumes the job from the journal", file=sys.stderr, flush=True)
+                os._exit(1)
+            self.code = code
+            self.ended.set()
+
+        threading.Thread(target=keep, name="ballast-master", daemon=True).start()
+        started.wait()
+        if failed:
+            raise RuntimeError(f"cannot start the master ({argv[0]}): {failed[0]}")
+        self.where = {"pid": self.proc.pid, "ip": ip, "port": port, "incarnation": incarnation,
+                      "host": _host(ray.get_runtime_context().get_node_id(), ip)}
+
+    def __repr__(self):
+        return "master"  # Ray prefixes its lines with it
+
+    def info(self):
+        return self.where
+
+    def wait(self):
+        self.ended.wait()
+        return self.code
+
+    def stop(self, grace):
+        self.stopping = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.cleanup:
+            shutil.rmtree(self.journal, ignore_errors=True)
+        return self.proc.returncode
+
+
 class _Agent:
     """One node of the job: runs `ballast run` on the Ray node it was placed on."""
 
@@ -55,14 +164,7 @@ class _Agent:
 
     def start(self, argv, env):
         import ray
-        exe = argv[0]
-        if not os.access(exe, os.X_OK):
-            # Another machine: the same Ballast installed elsewhere on it.
-            found = shutil.which("ballast")
-            if found is None:
-                raise RuntimeError(f"Ray node {ray.util.get_node_ip_address()}: no ballast binary at {exe} and no "
-                                   "`ballast` on PATH; install Ballast on every node (pip install ballast)")
-            argv = [found] + argv[1:]
+        argv = _local_ballast(argv)
         full = dict(os.environ)
         full.update(env)
         self.proc = subprocess.Popen(argv, env=full, preexec_fn=_die_with_parent)
@@ -83,6 +185,11 @@ class _Agent:
             return self.proc.wait()
 
 
+def _first_line(err):
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _host(node_id, ip):
     return f"ray:{node_id[:12]}@{ip}"
 
@@ -99,6 +206,7 @@ class Bridge:
         self.agent_cls = None
         self._alive = []
         self._alive_at = 0.0
+        self.master = None     # dict(actor, info_ref, wait_ref, stop_ref, incarnation, died)
 
     # --- the protocol ---
     def send(self, **event):
@@ -275,13 +383,95 @@ class Bridge:
                 keep.append((actor, ref, deadline))
         self.stopping = keep
 
+    # --- the master's actor ---
+    def master_node(self, want):
+        alive = self.alive_nodes(force=True)
+        for node in alive:
+            if want == "head" and "node:__internal_head__" in node.get("Resources", {}):
+                return node, None
+            if want != "head" and (node.get("NodeManagerAddress") == want or node["NodeID"].startswith(want)):
+                return node, None
+        names = ", ".join(_host(n["NodeID"], n.get("NodeManagerAddress", "")) for n in alive)
+        return None, (f"no alive Ray node is {'the head' if want == 'head' else repr(want)} (alive: {names}); "
+                      "give --master-on a node's IP or id, or 'driver'")
+
+    def master_start(self, op):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        node, why = self.master_node(op.get("node") or "head")
+        if node is None:
+            self.send(ev="master_lost", reason=why)
+            return
+        actor = self.ray.remote(_Master).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False),
+            num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=4,
+        ).remote(op["argv"], op.get("env") or {}, op["journal"], op.get("advertise_host") or "",
+                 bool(op.get("cleanup")))
+        self.master = {"actor": actor, "info_ref": actor.info.remote(), "wait_ref": None, "stop_ref": None,
+                       "incarnation": 0, "died": None}
+
+    def watch_master(self):
+        m = self.master
+        if m is None:
+            return
+        ray = self.ray
+        if m["stop_ref"] is not None:
+            done = ray.wait([m["stop_ref"]], timeout=0)[0]
+            if not done and time.monotonic() < m["stop_deadline"]:
+                return
+            code = None
+            try:
+                code = ray.get(m["stop_ref"], timeout=0) if done else None
+            except Exception:
+                pass
+            ray.kill(m["actor"], no_restart=True)
+            self.master = None
+            self.send(ev="master_stopped", code=max(code or 0, 0), signal=-code if code and code < 0 else 0)
+            return
+        if m["info_ref"] is not None and ray.wait([m["info_ref"]], timeout=0)[0]:
+            try:
+                info = ray.get(m["info_ref"])
+            except ray.exceptions.ActorUnavailableError:
+                m["info_ref"] = m["actor"].info.remote()  # restarting, or unreachable for now: ask again
+                return
+            except Exception as e:  # dead for good: its node died (it is pinned there), or its start failed
+                self.master = None
+                ray.kill(m["actor"], no_restart=True)
+                self.send(ev="master_lost", reason=_first_line(e))
+                return
+            m["info_ref"] = None
+            if info["incarnation"] > m["incarnation"]:
+                if m["incarnation"] > 0:
+                    self.send(ev="master_died", reason=m["died"] or "Ray restarted its actor")
+                m["incarnation"] = info["incarnation"]
+                self.send(ev="master_started", **info)
+            m["wait_ref"] = m["actor"].wait.remote()
+        if m["wait_ref"] is not None and ray.wait([m["wait_ref"]], timeout=0)[0]:
+            try:
+                code = ray.get(m["wait_ref"])
+            except Exception as e:
+                # The actor died (or is unreachable): the next incarnation, Ray's restart, says which.
+                m["wait_ref"] = None
+                m["died"] = _first_line(e)
+                m["info_ref"] = m["actor"].info.remote()
+                return
+            m["wait_ref"] = None
+            self.send(ev="master_exited", code=max(code, 0), signal=-code if code < 0 else 0)
+
+    def master_stop(self, grace):
+        m = self.master
+        if m is None:
+            self.send(ev="master_stopped", code=0, signal=0)
+            return
+        m["stop_ref"] = m["actor"].stop.remote(grace)
+        m["stop_deadline"] = time.monotonic() + grace + 5
+
     def release(self, name, grace):
         self.pending = [r for r in self.pending if r["name"] != name]
         n = self.nodes.pop(name, None)
         if n is not None:
             self.stopping.append((n["actor"], n["actor"].stop.remote(grace), time.monotonic() + grace + 5))
 
-    def stop_all(self, grace):
+    def stop_all(self, grace, master=True):
         self.pending = []
         for name in list(self.nodes):
             self.release(name, grace)
@@ -292,6 +482,9 @@ class Bridge:
         for actor, _, _ in self.stopping:
             self.ray.kill(actor, no_restart=True)
         self.stopping = []
+        if master and self.master is not None:
+            self.ray.kill(self.master["actor"], no_restart=True)
+            self.master = None
 
     def run(self):
         if not self.connect():
@@ -309,11 +502,19 @@ class Bridge:
                 elif kind == "release":
                     self.release(op["name"], float(op.get("grace", 5)))
                 elif kind == "stop_all":
-                    self.stop_all(float(op.get("grace", 5)))
+                    self.stop_all(float(op.get("grace", 5)), master=False)
                     self.send(ev="stopped")
+                elif kind == "master_start":
+                    self.master_start(op)
+                elif kind == "master_kill":
+                    if self.master is not None:
+                        self.ray.kill(self.master["actor"], no_restart=False)
+                elif kind == "master_stop":
+                    self.master_stop(float(op.get("grace", 5)))
             if self.pending:
                 self.place()
             self.watch()
+            self.watch_master()
 
 
 def main():
@@ -328,7 +529,7 @@ def main():
     try:
         return bridge.run()
     finally:
-        if bridge.ray is not None and (bridge.nodes or bridge.stopping):
+        if bridge.ray is not None and (bridge.nodes or bridge.stopping or bridge.master):
             try:
                 bridge.stop_all(0)
             except Exception:

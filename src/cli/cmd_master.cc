@@ -211,14 +211,20 @@ int MasterCommand(const Args& args) {
     return server.status().code() == absl::StatusCode::kInvalidArgument ? kUsageExit : 1;
   }
   auto& m = **server;
-  std::printf(
-      "ballast master: job %s listening on %s\n"
-      "  token: %s\n"
-      "  start each node with:\n"
-      "    BALLAST_TOKEN=%s ballast run --rdzv-endpoint %s --nnodes %s --nproc-per-node N train.py\n",
-      m.job_id().c_str(), m.address().c_str(), m.token().c_str(), m.token().c_str(), m.address().c_str(),
-      nnodes.c_str());
-  if (m.http_port() > 0) std::printf("  dashboard: %s\n", m.dashboard_url().c_str());
+  if (serve_until_stopped) {
+    // A driver's master (`ballast launch --journal`, `ballast ray run`): the driver starts the nodes and
+    // prints how to reach the job; the token stays out of this log.
+    std::printf("ballast master: job %s listening on %s\n", m.job_id().c_str(), m.address().c_str());
+  } else {
+    std::printf(
+        "ballast master: job %s listening on %s\n"
+        "  token: %s\n"
+        "  start each node with:\n"
+        "    BALLAST_TOKEN=%s ballast run --rdzv-endpoint %s --nnodes %s --nproc-per-node N train.py\n",
+        m.job_id().c_str(), m.address().c_str(), m.token().c_str(), m.token().c_str(), m.address().c_str(),
+        nnodes.c_str());
+    if (m.http_port() > 0) std::printf("  dashboard: %s\n", m.dashboard_url().c_str());
+  }
   std::fflush(stdout);
 
   std::signal(SIGINT, OnSignal);

@@ -1,9 +1,12 @@
 // ballast ray run: the Ray backend. The job's driver on a running Ray cluster
 // (RAY_ADDRESS, --address, or the cluster this node belongs to): what users
 // put after `ray job submit --working-dir . --` or in a KubeRay RayJob's
-// entrypoint. It runs the master (in this process, or with --journal in a
-// child process restarted from its journal) and NodeManager, as `ballast
-// launch` does; the nodes are agent actors, one per Ray node, placed and
+// entrypoint. It runs NodeManager, as `ballast launch` does, and the master:
+// by default (--master-on head) `ballast master --journal` in a Ray actor on
+// the head that Ray restarts there when it dies (RayMasterHost below), which
+// the driver follows as it follows a --journal master process; with
+// --master-on driver in this process (with --journal in a child process
+// restarted from its journal). The nodes are agent actors, one per Ray node, placed and
 // watched through the Ray bridge (scheduler/ray/ray_scheduler.h). Nodes beyond
 // --nodes MAX are hot spares, as with `ballast launch` and `ballast slurm`. A
 // lost node's replacement goes to another free Ray node, or waits for one
@@ -15,12 +18,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/job_driver.h"
 #include "common/subprocess.h"
+#include "common/net.h"
 #include "common/tunables.h"
 #include "master/master_server.h"
 #include "nlohmann/json.hpp"
@@ -51,8 +57,112 @@ std::vector<std::string> BridgeArgv(const std::string& python) {
           "run_name='__main__')\n"};
 }
 
+// The master as a Ray actor: `ballast master --journal` in an actor that the
+// bridge pins to one Ray node and Ray restarts there when it dies (or when
+// its master process dies of a signal); every incarnation serves the same
+// port. MasterProcess drives it as it drives a local child process.
+class RayMasterHost : public MasterHost {
+ public:
+  using Spec = scheduler::ray::MasterActorSpec;
+  using Event = scheduler::ray::MasterActorEvent;
+
+  RayMasterHost(scheduler::ray::RayScheduler* ray, Spec spec, double start_timeout_s)
+      : ray_(ray), spec_(std::move(spec)), start_timeout_s_(start_timeout_s) {}
+
+  absl::StatusOr<Endpoint> Start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                                 bool restart) override {
+    if (!lost_.empty()) return absl::UnavailableError(absl::StrCat("the master's Ray actor is gone: ", lost_));
+    if (!restart) {
+      spec_.argv = argv;
+      spec_.env = env;
+      if (absl::Status s = ray_->StartMaster(spec_); !s.ok()) return s;
+    }
+    // The first incarnation, or the one Ray restarted.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                 std::chrono::duration<double>(start_timeout_s_));
+    while (std::chrono::steady_clock::now() < deadline) {
+      Read(0.2);
+      while (!queue_.empty()) {
+        Event e = std::move(queue_.front());
+        queue_.pop_front();
+        if (e.kind == Event::Kind::kStarted && e.incarnation > incarnation_) {
+          incarnation_ = e.incarnation;
+          where_ = absl::StrCat("pid ", e.pid, " in a Ray actor on ", e.host);
+          ended_.reset();
+          return Endpoint{spec_.advertise_host.empty() ? e.ip : spec_.advertise_host, e.port};
+        }
+        if (e.kind == Event::Kind::kLost) {
+          lost_ = e.reason;
+          return absl::UnavailableError(absl::StrCat(
+              incarnation_ == 0 ? "cannot start the master's Ray actor: " : "the master's Ray actor is gone: ", e.reason));
+        }
+        if (e.kind == Event::Kind::kExited) {
+          return absl::FailedPreconditionError(absl::StrCat("the master process exited (", e.status.Describe(),
+                                                            ") before it served the job; see its error above"));
+        }
+      }
+      if (ray_->closed()) return absl::UnavailableError("the Ray bridge ended; see its message above");
+    }
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "the master's Ray actor did not %s within %.0f s: is Ray node '%s' alive, with ballast installed at the "
+        "driver's path or on PATH?",
+        restart ? "come back" : "start", start_timeout_s_, spec_.node));
+  }
+
+  std::optional<ExitStatus> Poll() override {
+    if (ended_.has_value()) return ended_;
+    Read(0);
+    // Up to the first end: what follows it (Ray's restart) is the next Start's.
+    while (!queue_.empty() && !ended_.has_value()) {
+      Event e = std::move(queue_.front());
+      queue_.pop_front();
+      if (e.kind == Event::Kind::kExited) {
+        ended_ = e.status;
+      } else if (e.kind == Event::Kind::kDied || e.kind == Event::Kind::kLost) {
+        spdlog::warn("ray run: the master ({}) died: {}", where_, e.reason);
+        if (e.kind == Event::Kind::kLost) lost_ = e.reason;
+        ended_ = ExitStatus{0, SIGKILL};  // as a crash: MasterProcess restarts it (Ray already did)
+      }
+    }
+    if (!ended_.has_value() && ray_->closed()) {
+      lost_ = "the Ray bridge ended";
+      ended_ = ExitStatus{0, SIGKILL};
+    }
+    return ended_;
+  }
+
+  void Stop(double grace_s) override {
+    if (!ray_->StopMaster(grace_s).ok()) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                 std::chrono::duration<double>(grace_s + 10));
+    while (std::chrono::steady_clock::now() < deadline && !ray_->closed()) {
+      for (const Event& e : ray_->MasterEvents(0.2)) {
+        if (e.kind == Event::Kind::kStopped || e.kind == Event::Kind::kLost) return;
+      }
+    }
+    spdlog::warn("ray run: the bridge did not confirm that the master's actor stopped");
+  }
+
+  void Kill() override { (void)ray_->KillMaster(); }
+  std::string Where() const override { return where_; }
+
+ private:
+  void Read(double timeout_s) {
+    for (Event& e : ray_->MasterEvents(timeout_s)) queue_.push_back(std::move(e));
+  }
+
+  scheduler::ray::RayScheduler* ray_;
+  Spec spec_;
+  const double start_timeout_s_;
+  int incarnation_ = 0;
+  std::string where_ = "in a Ray actor";
+  std::deque<Event> queue_;
+  std::optional<ExitStatus> ended_;
+  std::string lost_;
+};
+
 int RayRun(const Args& args) {
-  CLI::App app{"Run a job on a Ray cluster: a master here and one agent actor per Ray node; nodes beyond --nodes "
+  CLI::App app{"Run a job on a Ray cluster: a master actor on the head and one agent actor per Ray node; nodes beyond --nodes "
                "MAX are hot spares, a lost node is replaced on another free Ray node.",
                "ray run"};
   JobFlags f;
@@ -63,6 +173,7 @@ int RayRun(const Args& args) {
   std::string ray_resources;
   std::string bridge_python;
   std::string advertise_host;
+  std::string master_on = "head";
   AddJobFlags(app, &f);
   app.add_option("--spares", spares,
                  "Hot spare nodes: agents on K more Ray nodes that join and wait outside the world, taking a lost "
@@ -86,8 +197,15 @@ int RayRun(const Args& args) {
                  "Interpreter with Ray and Ballast installed that talks to the cluster (default: $BALLAST_PYTHON, "
                  "which the pip-installed `ballast` command sets, else --python)");
   app.add_option("--advertise-host,--advertise_host", advertise_host,
-                 "Address the agents reach the master at (default: this node's Ray address)");
+                 "Address the agents reach the master at (default: its Ray node's address)");
+  app.add_option("--master-on,--master_on", master_on,
+                 "Where the master runs: 'head' (a Ray actor on the head node that Ray restarts there, with its "
+                 "journal in --journal DIR on that node, default a temporary directory), a Ray node's IP or id "
+                 "(the same, on that node), or 'driver' (in this process; with --journal DIR in a child process "
+                 "restarted from it)")
+      ->capture_default_str();
   if (int rc = ParseOrExit(app, args); rc >= 0) return rc;
+  f.master_journaled = master_on != "driver";
   if (int rc = CheckJobFlags("ray run", app, &f); rc >= 0) return rc;
   nlohmann::json resources = nlohmann::json::object();
   if (!ray_resources.empty()) {
@@ -127,15 +245,33 @@ int RayRun(const Args& args) {
     std::fprintf(stderr, "ballast ray run: %s\n", std::string(sched.status().message()).c_str());
     return 1;
   }
-  if (advertise_host.empty()) advertise_host = (*sched)->driver_ip();
-
   std::atomic<scheduler::NodeManager*> node_manager{nullptr};
   master::MasterOptions mopts = JobMasterOptions(f, &node_manager);
   mopts.bind_host = "0.0.0.0";
-  mopts.advertise_host = advertise_host;
+  mopts.advertise_host = advertise_host.empty() ? (*sched)->driver_ip() : advertise_host;
   mopts.expected_nodes = f.range.max + spares;  // the spares join the first round's rendezvous
   int rc = 0;
-  server = StartJobMaster("ray run", f, mopts, &rc);
+  if (master_on == "driver") {
+    server = StartJobMaster("ray run", f, mopts, &rc);
+  } else {
+    // The master actor: its journal on its node, named by the job id (so known before it starts).
+    if (mopts.job_id.empty()) mopts.job_id = absl::StrCat("ballast-", RandomHex(6));
+    scheduler::ray::MasterActorSpec spec;
+    spec.node = master_on;
+    spec.advertise_host = advertise_host;
+    spec.journal = f.journal;
+    if (spec.journal.empty()) {
+      spec.journal = absl::StrCat("/tmp/", mopts.job_id, ".journal");
+      spec.cleanup = true;
+    }
+    const std::string journal = spec.journal;
+    spdlog::info("ray: the master runs as a Ray actor on {} (its journal: {} there)",
+                 master_on == "head" ? std::string("the head node") : absl::StrCat("Ray node ", master_on), journal);
+    server = StartJobMaster("ray run", f, mopts, &rc,
+                            std::make_unique<RayMasterHost>(sched->get(), std::move(spec),
+                                                            Tunables::Get().ray_master_start_s),
+                            journal);
+  }
   if (server == nullptr) return rc;
   DrivenMaster& m = *server;
   spdlog::info("job {}: master on {} ({}); {} agent actor(s): nodes {}{}, {} worker(s) each; status: "
@@ -155,7 +291,9 @@ int RayRun(const Args& args) {
   node_manager.store(&nodes);
   DriveOptions o;
   o.cmd = "ray run";
-  return DriveJob(m, **sched, nodes, f, g_signal, o);
+  rc = DriveJob(m, **sched, nodes, f, g_signal, o);
+  server.reset();  // a master actor is stopped through the bridge, which goes with sched
+  return rc;
 }
 
 }  // namespace
@@ -164,7 +302,7 @@ int RayCommand(const Args& args) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::fputs("usage: ballast ray run [options] SCRIPT [args]\n"
                "\n"
-               "  run   run a job on a Ray cluster: a master here, one agent actor per Ray node\n"
+               "  run   run a job on a Ray cluster: a master actor on the head, one agent actor per Ray node\n"
                "\n"
                "`ballast ray run --help` describes its options.\n",
                args.empty() ? stderr : stdout);

@@ -122,7 +122,7 @@ int CheckJobFlags(const char* cmd, const CLI::App& app, JobFlags* f) {
                  "every node on this machine's loopback: run the nodes with `ballast run` on separate hosts or in "
                  "network namespaces (BALLAST_CHAOS=partition:...)\n");
     return kUsageExit;
-  } else if (!chaos->All("kill-master").empty() && f->journal.empty()) {
+  } else if (!chaos->All("kill-master").empty() && f->journal.empty() && !f->master_journaled) {
     std::fprintf(stderr,
                  "ballast %s: --chaos kill-master needs --journal DIR: without a journal the master runs in this "
                  "process, and killing it ends the job\n",
@@ -228,11 +228,13 @@ scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initi
 }
 
 std::unique_ptr<DrivenMaster> StartJobMaster(const char* cmd, const JobFlags& f, const master::MasterOptions& options,
-                                             int* exit_code) {
-  if (!f.journal.empty()) {
+                                             int* exit_code, std::unique_ptr<MasterHost> host,
+                                             const std::string& journal_dir) {
+  if (!f.journal.empty() || host != nullptr) {
     MasterProcessOptions po;
     po.master = options;
-    po.journal_dir = f.journal;
+    po.journal_dir = host != nullptr ? journal_dir : f.journal;
+    po.host = std::move(host);
     po.http_port_given = f.http.port != -2;
     po.cmd = cmd;
     if (auto chaos = ParseChaosSpec(f.chaos); chaos.ok() && !chaos->All("kill-master").empty()) {

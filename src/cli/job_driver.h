@@ -57,6 +57,7 @@ struct JobFlags {
   std::string warm_modules;  // --warm-modules a,b (as `ballast run`)
   TlsFlags tls;
   std::string journal;  // --journal DIR: the master in a child process (cli/master_process.h)
+  bool master_journaled = false;  // the master keeps a journal without --journal (`ray run`'s master actor)
   std::vector<std::string> script_and_args;
 
   NodeRange range;  // --nodes, parsed by Check
@@ -88,8 +89,12 @@ scheduler::NodeManagerOptions JobNodeManagerOptions(const JobFlags& f, int initi
 // process restarted from its journal when it dies (MasterProcess). On an
 // error prints it (naming `cmd`) and sets *exit_code (2 for bad options).
 // Logs the dashboard's address.
+// The job's master: in this process, or with --journal a MasterProcess (a
+// child process); with `host` a MasterProcess there, journaling to
+// journal_dir (a path where the host runs it).
 std::unique_ptr<DrivenMaster> StartJobMaster(const char* cmd, const JobFlags& f, const master::MasterOptions& options,
-                                             int* exit_code);
+                                             int* exit_code, std::unique_ptr<MasterHost> host = nullptr,
+                                             const std::string& journal_dir = "");
 
 struct DriveOptions {
   const char* cmd = "launch";  // for messages: "ballast launch: ..."

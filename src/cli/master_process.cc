@@ -31,27 +31,57 @@ bool Final(const std::string& state) { return state == "succeeded" || state == "
 
 MasterProcess::MasterProcess(MasterProcessOptions options) : options_(std::move(options)) {}
 
+absl::StatusOr<Endpoint> LocalMasterHost::Start(const std::vector<std::string>& argv,
+                                                const std::map<std::string, std::string>& env, bool restart) {
+  (void)restart;  // a child that died is started again here
+  if (port_ == 0) {
+    // Every incarnation serves the same port: the agents reconnect there.
+    absl::StatusOr<int> port = PickFreePort(bind_host_);
+    if (!port.ok()) return port.status();
+    port_ = *port;
+  }
+  SpawnOptions so;
+  so.argv = argv;
+  so.argv.insert(so.argv.end(), {"--host", bind_host_, "--port", std::to_string(port_), "--advertise-host",
+                                 advertise_host_});
+  so.env = env;
+  absl::StatusOr<Subprocess> child = Subprocess::Spawn(so);
+  if (!child.ok()) {
+    return absl::Status(child.status().code(),
+                        absl::StrCat("cannot start the master process: ", child.status().message()));
+  }
+  child_ = std::make_unique<Subprocess>(*std::move(child));
+  return Endpoint{advertise_host_, port_};
+}
+
+std::optional<ExitStatus> LocalMasterHost::Poll() {
+  if (child_ == nullptr) return std::nullopt;
+  if (child_->status().has_value()) return child_->status();
+  return child_->Poll();
+}
+
+void LocalMasterHost::Stop(double grace_s) {
+  if (child_ == nullptr || !child_->running()) return;
+  child_->Signal(SIGTERM);
+  if (!child_->Wait(grace_s).has_value()) child_->Terminate(0);
+}
+
+void LocalMasterHost::Kill() {
+  if (child_ != nullptr && child_->running()) kill(child_->pid(), SIGKILL);
+}
+
+std::string LocalMasterHost::Where() const { return absl::StrCat("pid ", child_ ? child_->pid() : -1); }
+
 absl::StatusOr<std::unique_ptr<MasterProcess>> MasterProcess::Start(MasterProcessOptions options) {
   if (options.journal_dir.empty()) return absl::InvalidArgumentError("MasterProcess needs a journal directory");
-  master::MasterOptions& m = options.master;
-  if (m.token.empty()) return absl::InvalidArgumentError("MasterProcess needs the job token");
-  if (m.port == 0) {
-    // Every incarnation serves the same port: the agents reconnect there.
-    absl::StatusOr<int> port = PickFreePort(m.bind_host);
-    if (!port.ok()) return port.status();
-    m.port = *port;
-  }
+  if (options.master.token.empty()) return absl::InvalidArgumentError("MasterProcess needs the job token");
   std::unique_ptr<MasterProcess> p(new MasterProcess(std::move(options)));
-  const master::MasterOptions& mo = p->options_.master;
-  p->job_id_ = mo.job_id;
-  p->address_ = Endpoint{mo.advertise_host, mo.port}.ToString();
-  // Its status is read as an agent would: the master's CA (its own
-  // certificate when self-signed), and that certificate as the client's.
-  TlsFiles client = mo.tls;
-  if (client.on() && client.ca.empty()) client.ca = client.cert;
-  auto credentials = MasterChannelCredentials(client);
-  if (!credentials.ok()) return credentials.status();
-  p->stub_ = v1::Master::NewStub(MasterChannel(p->address_, *credentials));
+  const master::MasterOptions& m = p->options_.master;
+  p->host_ = std::move(p->options_.host);
+  if (p->host_ == nullptr) {
+    p->host_ = std::make_unique<LocalMasterHost>(m.bind_host, m.advertise_host, m.port);
+  }
+  p->job_id_ = p->options_.master.job_id;
   RETURN_IF_ERROR(p->Spawn());
   RETURN_IF_ERROR(p->WaitReady());
   return p;
@@ -69,12 +99,6 @@ std::vector<std::string> MasterProcess::Argv() const {
                                    "--serve-until-stopped",
                                    "--nnodes",
                                    absl::StrCat(m.min_nodes, ":", m.max_nodes),
-                                   "--host",
-                                   m.bind_host,
-                                   "--port",
-                                   std::to_string(m.port),
-                                   "--advertise-host",
-                                   m.advertise_host,
                                    "--node-unit",
                                    std::to_string(m.node_unit),
                                    "--max-restarts",
@@ -95,19 +119,28 @@ std::vector<std::string> MasterProcess::Argv() const {
 }
 
 absl::Status MasterProcess::Spawn() {
-  SpawnOptions so;
-  so.argv = Argv();
-  so.env = CurrentEnvironment();
-  so.env["BALLAST_TOKEN"] = options_.master.token;  // not on the command line (ps shows it)
-  absl::StatusOr<Subprocess> child = Subprocess::Spawn(so);
-  if (!child.ok()) {
-    return absl::Status(child.status().code(),
-                        absl::StrCat("cannot start the master process: ", child.status().message()));
+  std::map<std::string, std::string> env = CurrentEnvironment();
+  env["BALLAST_TOKEN"] = options_.master.token;  // not on the command line (ps shows it)
+  absl::StatusOr<Endpoint> at = host_->Start(Argv(), env, /*restart=*/incarnations_ > 0);
+  if (!at.ok()) return at.status();
+  const std::string address = at->ToString();
+  if (address != address_) {
+    if (!address_.empty()) {
+      spdlog::warn("{}: the master moved from {} to {}; agents that dial the old address do not follow", options_.cmd,
+                   address_, address);
+    }
+    address_ = address;
+    // Its status is read as an agent would: the master's CA (its own
+    // certificate when self-signed), and that certificate as the client's.
+    TlsFiles client = options_.master.tls;
+    if (client.on() && client.ca.empty()) client.ca = client.cert;
+    auto credentials = MasterChannelCredentials(client);
+    if (!credentials.ok()) return credentials.status();
+    stub_ = v1::Master::NewStub(MasterChannel(address_, *credentials));
   }
-  child_ = std::make_unique<Subprocess>(*std::move(child));
   exited_.reset();
   if (++incarnations_ == 1) first_started_ = std::chrono::steady_clock::now();
-  spdlog::info("{}: master process pid {} (incarnation {}) on {}, journal {}", options_.cmd, child_->pid(),
+  spdlog::info("{}: master process {} (incarnation {}) on {}, journal {}", options_.cmd, host_->Where(),
                incarnations_, address_, options_.journal_dir);
   return absl::OkStatus();
 }
@@ -123,13 +156,16 @@ absl::StatusOr<v1::JobStatus> MasterProcess::Fetch(double timeout_s) {
                                                           std::chrono::duration<double>(timeout_s)));
   v1::StatusRequest req;
   v1::JobStatus st;
+  if (stub_ == nullptr) return absl::UnavailableError("the master was stopped");
   grpc::Status s = stub_->GetStatus(&ctx, req, &st);
   if (!s.ok()) return FromGrpcStatus(s);
   return st;
 }
 
 void MasterProcess::NodeLost(const std::string& node_id, const std::string& reason) {
+  if (stub_ == nullptr) return;  // stopped
   grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, options_.master.token);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::LeaveRequest req;
   req.set_node_id(node_id);
@@ -138,9 +174,19 @@ void MasterProcess::NodeLost(const std::string& node_id, const std::string& reas
   v1::Ack ack;
   grpc::Status s = stub_->Leave(&ctx, req, &ack);
   if (!s.ok()) {
-    spdlog::debug("could not tell the master that node {} is gone ({}); its heartbeats will", node_id,
-                  s.error_message());
+    spdlog::warn("{}: could not tell the master that node {} is gone ({}); its heartbeats will", options_.cmd,
+                 node_id, s.error_message());
   }
+}
+
+void MasterProcess::Keep(v1::JobStatus st) {
+  if (!st.master_instance().empty() && instances_.insert(st.master_instance()).second && instances_.size() > 1 &&
+      static_cast<int>(instances_.size()) > incarnations_) {
+    // Its host has not told yet (Ray reports an actor's restart late).
+    spdlog::warn("{}: a restarted master serves the job (master process {}), resumed from the journal {}",
+                 options_.cmd, st.master_instance(), options_.journal_dir);
+  }
+  last_ = std::move(st);
 }
 
 absl::Status MasterProcess::WaitReady() {
@@ -148,14 +194,14 @@ absl::Status MasterProcess::WaitReady() {
                                                                std::chrono::duration<double>(options_.ready_timeout_s));
   absl::Status last = absl::DeadlineExceededError("no answer");
   while (std::chrono::steady_clock::now() < deadline) {
-    if (std::optional<ExitStatus> st = child_->Poll(); st.has_value()) {
+    if (std::optional<ExitStatus> st = host_->Poll(); st.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat("the master process exited (", st->Describe(),
                                                         ") before it served the job; see its error above"));
     }
     absl::StatusOr<v1::JobStatus> s = Fetch(0.5);
     if (s.ok()) {
       if (job_id_.empty()) job_id_ = s->job_id();
-      last_ = *std::move(s);
+      Keep(*std::move(s));
       return absl::OkStatus();
     }
     last = s.status();
@@ -166,8 +212,8 @@ absl::Status MasterProcess::WaitReady() {
 }
 
 absl::Status MasterProcess::CheckChild() {
-  if (child_ == nullptr || exited_.has_value()) return absl::OkStatus();
-  std::optional<ExitStatus> st = child_->Poll();
+  if (host_ == nullptr || incarnations_ == 0 || exited_.has_value()) return absl::OkStatus();
+  std::optional<ExitStatus> st = host_->Poll();
   if (!st.has_value()) return absl::OkStatus();
   if (st->signal == 0 || shut_down_) {
     exited_ = *st;  // it decided the job (its last status says how), or it was stopped
@@ -180,16 +226,16 @@ absl::Status MasterProcess::CheckChild() {
   }
   if (static_cast<int>(restarts_.size()) >= kMaxQuickRestarts) {
     exited_ = *st;
-    return absl::UnavailableError(absl::StrCat("the master process died of ", st->Describe(), " again: ",
+    return absl::UnavailableError(absl::StrCat("the master process died again (", st->Describe(), "): ",
                                                kMaxQuickRestarts, " restarts within ", kQuickRestartWindowS,
                                                " s; see its log above (the journal ", options_.journal_dir,
                                                " keeps the job: `ballast master --journal ", options_.journal_dir,
                                                "` resumes it)"));
   }
   restarts_.push_back(now);
-  spdlog::warn("{}: the master process (pid {}) died of {}; restarting it from the journal {} (its agents keep "
+  spdlog::warn("{}: the master process ({}) died ({}); restarting it from the journal {} (its agents keep "
                "training and reconnect)",
-               options_.cmd, child_->pid(), st->Describe(), options_.journal_dir);
+               options_.cmd, host_->Where(), st->Describe(), options_.journal_dir);
   RETURN_IF_ERROR(Spawn());
   return WaitReady();
 }
@@ -199,7 +245,9 @@ absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
   if (exited_.has_value()) return absl::OkStatus();
   absl::StatusOr<v1::JobStatus> st = Fetch(2.0);
   if (!st.ok()) return absl::OkStatus();  // dying or restarting: the next turn sees it
-  last_ = *st;
+  Keep(*std::move(st));
+  // A finished job's agents hang up as they exit: not a node to replace.
+  if (ResultOf(*last_).has_value()) return absl::OkStatus();
   InjectChaos();
   // What the in-process master's callbacks would have said: nodes that
   // turned dead, left or excluded since the last turn.
@@ -231,7 +279,7 @@ absl::Status MasterProcess::Poll(scheduler::NodeManager& nodes) {
 }
 
 void MasterProcess::InjectChaos() {
-  if (!options_.kill_master.has_value() || chaos_fired_ || child_ == nullptr || !last_.has_value()) return;
+  if (!options_.kill_master.has_value() || chaos_fired_ || incarnations_ == 0 || !last_.has_value()) return;
   // By step, the agents report their node's step the moment it reaches the
   // fault's (agent/chaos_driver.h), so the status read every turn has it.
   const double since_start_s =
@@ -239,9 +287,9 @@ void MasterProcess::InjectChaos() {
   const std::optional<std::string> why = agent::KillMasterDue(*options_.kill_master, *last_, since_start_s);
   if (!why.has_value()) return;
   chaos_fired_ = true;
-  spdlog::warn("{}: chaos: kill-master ({}): SIGKILL to the master process (pid {})", options_.cmd, *why,
-               child_->pid());
-  kill(child_->pid(), SIGKILL);
+  spdlog::warn("{}: chaos: kill-master ({}): SIGKILL to the master process ({})", options_.cmd, *why,
+               host_->Where());
+  host_->Kill();
 }
 
 std::optional<master::JobResult> MasterProcess::ResultOf(const v1::JobStatus& st) {
@@ -257,7 +305,7 @@ std::optional<master::JobResult> MasterProcess::WaitForFinish(double timeout_s) 
   // serves until it is stopped, so the end is read at the next call at the
   // latest, and an agent's exit meanwhile is not taken for a loss.
   if (!exited_.has_value() && !(last_.has_value() && ResultOf(*last_).has_value())) {
-    if (absl::StatusOr<v1::JobStatus> st = Fetch(0.5); st.ok()) last_ = *std::move(st);
+    if (absl::StatusOr<v1::JobStatus> st = Fetch(0.5); st.ok()) Keep(*std::move(st));
   }
   while (true) {
     if (last_.has_value()) {
@@ -278,7 +326,7 @@ std::optional<master::JobResult> MasterProcess::WaitForFinish(double timeout_s) 
 
 v1::JobStatus MasterProcess::Status() {
   if (!exited_.has_value()) {
-    if (absl::StatusOr<v1::JobStatus> st = Fetch(2.0); st.ok()) last_ = *std::move(st);
+    if (absl::StatusOr<v1::JobStatus> st = Fetch(2.0); st.ok()) Keep(*std::move(st));
   }
   return last_.value_or(v1::JobStatus());
 }
@@ -286,11 +334,13 @@ v1::JobStatus MasterProcess::Status() {
 void MasterProcess::Shutdown(double linger_s) {
   if (shut_down_) return;
   shut_down_ = true;
-  if (child_ == nullptr || !child_->running()) return;
+  if (host_ == nullptr || incarnations_ == 0) return;
+  // Our connection closed first: a gRPC server's shutdown waits out its grace
+  // (1 s) for a client that keeps one open.
+  stub_.reset();
   // It serves until told to stop (--serve-until-stopped); a finished job's
   // master then lingers up to its own finish linger for the last agents.
-  child_->Signal(SIGTERM);
-  if (!child_->Wait(std::max(0.0, linger_s) + 5).has_value()) child_->Terminate(0);
+  host_->Stop(std::max(0.0, linger_s) + 5);
 }
 
 }  // namespace ballast::cli

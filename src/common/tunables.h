@@ -49,6 +49,9 @@ namespace ballast {
   X(double, ray_pending_s, 10.0,                                                               \
     "`ballast ray run`: seconds a node waits for a free Ray node before the job is told (it goes on " \
     "with the nodes it has; the node still starts when a Ray node frees up or joins).")         \
+  X(double, ray_master_start_s, 60.0,                                                          \
+    "`ballast ray run`: seconds for the master's Ray actor to start, or to come back after it died " \
+    "(Ray starts a worker process for it; a runtime_env may be installing).")                   \
   X(double, slurm_command_timeout_s, 10.0,                                                     \
     "`ballast slurm`: deadline of one Slurm command (squeue, scancel, sinfo, scontrol).")     \
   X(double, hang_first_step_grace_s, 300.0,                                                    \

@@ -5,6 +5,8 @@
 #include <set>
 #include <tuple>
 
+#include <unistd.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/limits.h"
+#include "common/net.h"
 #include "common/status_macros.h"
 #include "common/replica_record.h"
 #include "health/failure_class.h"
@@ -135,6 +138,7 @@ JobMaster::JobMaster(JobMasterOptions options)
       spec_(MakeSpec(options_)),
       clock_(options_.clock),
       start_time_(StartTime(options_)),
+      instance_(absl::StrCat(getpid(), "@", HostName(), "/", absl::ToUnixMillis(absl::Now()))),
       journal_(options_.journal),
       goodput_(start_time_),
       events_(clock_, start_time_),

@@ -449,6 +449,7 @@ class JobMaster {
   const v1::JobSpec spec_;
   ClockInterface* const clock_;
   const double start_time_;
+  const std::string instance_;  // JobStatus.master_instance
   Journal* const journal_;
   mutable bool journal_failed_ ABSL_GUARDED_BY(mu_) = false;
   double goodput_marked_at_ ABSL_GUARDED_BY(mu_) = -1e18;

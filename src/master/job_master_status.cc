@@ -182,6 +182,7 @@ v1::JobStatus JobMaster::Status() const {
   if (!last_failure_.node_id().empty()) *st.mutable_last_failure() = last_failure_;
   st.set_message(message_);
   st.set_uptime_s(now - start_time_);
+  st.set_master_instance(instance_);
   st.set_precheck(precheck_.verdict);
   st.set_persist_errors_total(persist_errors_total_);
   st.set_last_persist_error(last_persist_error_);

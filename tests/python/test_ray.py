@@ -22,11 +22,18 @@ reports with the loss), each agent an actor on its own Ray node.
   - the driver killed with SIGKILL: nothing of the job is left on any node;
   - `ray job submit` through the dashboard's Jobs API (a worker killed: the job
     succeeds, `ray job logs` has every node's lines), and `ray job stop`;
-  - the Python API, ballast.ray.run();
-  - the master process killed (--journal: restarted from its journal, the workers train on).
-After every job, no process of it (agent or worker) remains.
+  - the Python API, ballast.ray.run(), with the master in the driver (--master-on driver);
+  - the master's actor killed (SIGKILL to its process, as the OOM killer would, and a chaos kill-master
+    through Ray's API in the submitted job): Ray restarts it on the head, it resumes the job from its
+    journal on the same port, the agents reconnect, and the workers train on with no restart.
+Every job but the Python API's runs its master as an actor on the head (the default). After every job, no
+process of it (agent, worker or master) remains, nor the master's journal directory.
 """
+import contextlib
+import io
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -104,6 +111,7 @@ class RayJobs(unittest.TestCase):
         with open(os.path.join(out, "driver.log")) as f:
             log = f.read()
         self.assertNoneLeft(out)
+        self.assertMasterGone(log)
         return rc, log, read_jsonl(os.path.join(out, "events.jsonl")), read_jsonl(os.path.join(out, "starts.jsonl"))
 
     def assertNoneLeft(self, out, within=15):
@@ -111,6 +119,13 @@ class RayJobs(unittest.TestCase):
         while job_processes(out) and time.monotonic() < deadline:
             time.sleep(0.2)
         self.assertEqual(job_processes(out), [], "processes of the job outlived it")
+
+    def assertMasterGone(self, log, within=15):
+        """The master's process (its command line names the job id) is gone, and its default journal with it."""
+        job = re.search(r"job (ballast-[0-9a-f]+): master on", log)
+        self.assertIsNotNone(job, log[-3000:])
+        self.assertNoneLeft(f"--job-id {job.group(1)}", within)
+        self.assertFalse(os.path.exists(f"/tmp/{job.group(1)}.journal"), "the master's journal outlived the job")
 
     def wait_step(self, out, step, p, timeout=120):
         deadline = time.monotonic() + timeout
@@ -237,6 +252,9 @@ class RayJobs(unittest.TestCase):
         p.send_signal(signal.SIGKILL)
         p.wait()
         self.assertNoneLeft(out, within=30)
+        with open(os.path.join(out, "driver.log")) as f:
+            job = re.search(r"job (ballast-[0-9a-f]+): master on", f.read()).group(1)
+        self.assertNoneLeft(f"--job-id {job}", within=30)
 
     def submit(self, name, *args):
         """Submits `ballast ray run ARGS` through the dashboard's Jobs API, as `ray job submit -- ...` does."""
@@ -245,7 +263,7 @@ class RayJobs(unittest.TestCase):
         os.makedirs(out)
         client = JobSubmissionClient("http://" + self.cluster.head_node.address_info["webui_url"])
         env = {k: v for k, v in self.env.items() if k in ("PYTHONPATH", "BALLAST_PYTHON", "OMP_NUM_THREADS")}
-        entry = " ".join([BALLAST, "ray", "run", "--python", self.python, *args, "--out", out])
+        entry = " ".join(shlex.quote(a) for a in [BALLAST, "ray", "run", "--python", self.python, *args, "--out", out])
         return client, client.submit_job(entrypoint=entry, runtime_env={"env_vars": env}), out
 
     def wait_job(self, client, job, timeout=180):
@@ -260,14 +278,19 @@ class RayJobs(unittest.TestCase):
 
     def test_5_ray_job_submit_and_ray_job_stop(self):
         from ray.job_submission import JobStatus
+        # A worker killed, and the master's actor killed through Ray's API (ray.kill: Ray restarts it).
         client, job, out = self.submit("submitted", "--nodes", "2", "--nproc-per-node", "1", "--chaos",
-                                       "kill-worker:rank=1,at_step=6", SCRIPT, "--steps", "12",
+                                       "kill-worker:rank=1,at_step=6;kill-master:at_step=9", SCRIPT, "--steps", "14",
                                        "--persist-every", "0")
         status, logs = self.wait_job(client, job)
         self.assertEqual(status, JobStatus.SUCCEEDED, logs[-4000:])
-        # `ray job logs` shows the agents' lines (named by Ray with the node and its node rank) and the summary.
+        # `ray job logs` shows the agents' lines (named by Ray with the node and its node rank), the master's
+        # and the summary.
         self.assertIn("(node-1 node-rank=1", logs)
         self.assertIn("1 worker restart(s)", logs)
+        self.assertIn("the job master restarted and resumed the job from its journal", logs)
+        self.assertIn("the master process died 1 time(s)", logs)
+        self.assertMasterGone(logs)
         self.assertEqual([e["source"] for e in read_jsonl(os.path.join(out, "events.jsonl")) if e["ev"] == "start"],
                          [None, "memory"])
         self.assertNoneLeft(out)
@@ -289,26 +312,51 @@ class RayJobs(unittest.TestCase):
         out = os.path.join(self.tmp, "api")
         os.makedirs(out)
         result = ballast.ray.run(SCRIPT, ["--out", out, "--steps", "8", "--persist-every", "0"], nodes="1:2",
-                                 nproc_per_node=1, cpus_per_node=1, max_restarts=2, env=self.env)
+                                 nproc_per_node=1, cpus_per_node=1, max_restarts=2, master_on="driver", env=self.env)
         self.assertEqual(result.exit_code, 0)
         self.assertRegex(result.summary or "", r"^job ballast-\w+ summary: goodput ")
         self.assertEqual(read_jsonl(os.path.join(out, "events.jsonl"))[-1]["step"], 8)
         self.assertNoneLeft(out)
         # Bad flags: the command's usage error, exit code 2.
         self.assertEqual(ballast.ray.run(SCRIPT, nodes="2", no_such_flag=1, env=self.env).exit_code, 2)
+        # A master node that is not in the cluster: a clear error, nothing started.
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            result = ballast.ray.run(SCRIPT, ["--out", out], nodes="1", master_on="10.9.9.9", env=self.env)
+        self.assertEqual(result.exit_code, 1, said.getvalue()[-3000:])
+        self.assertIn("no alive Ray node is '10.9.9.9'", said.getvalue())
         self.assertEqual(ballast.ray.flags_to_argv({"nproc_per_node": 8, "network_check": True, "chaos": None,
                                                     "ray_resources": '{"a": 1}'}),
                          ["--nproc-per-node", "8", "--network-check", "--ray-resources", '{"a": 1}'])
 
-    def test_7_the_master_process_killed(self):
-        # With --journal the master runs in a child process of the driver, restarted from its journal.
-        p, out = self.start_job("master", "2", "--journal", os.path.join(self.tmp, "master-journal"), "--chaos",
-                                "kill-master:at_step=6", nproc=1, steps=30, step_time=0.1)
-        rc, log, events, _ = self.finish(p, out)
+    def test_7_the_master_actor_killed(self):
+        # The master's actor (on the head, the default) SIGKILLed mid-training, as the OOM killer would: Ray
+        # restarts it there, its master resumes the job from the journal on the same port, the agents reconnect.
+        p, out = self.start_job("master", "2", step_time=0.2)
+        self.wait_step(out, 6, p)
+        with open(os.path.join(out, "driver.log")) as f:
+            job = re.search(r"job (ballast-[0-9a-f]+): master on", f.read()).group(1)
+        masters = job_processes(f"--job-id {job}")
+        self.assertEqual(len(masters), 1, masters)
+        with open(f"/proc/{masters[0][0]}/stat") as f:
+            actor = int(f.read().rsplit(")", 1)[1].split()[1])  # its parent: the actor's process
+        t_kill = time.time()
+        os.kill(actor, signal.SIGKILL)
+        rc, log, events, starts = self.finish(p, out)
         self.assertEqual(rc, 0, log[-6000:])
         self.assertIn("the job master restarted and resumed the job from its journal", log)
-        self.assertEqual(len([e for e in events if e["ev"] == "start"]), 1, "the workers restarted")
-        self.assertEqual(events[-1]["step"], 30)
+        self.assertIn("(incarnation 2)", log)
+        # The workers trained on: one start each, no restart, the clean run's weights.
+        self.assertEqual([s["round"] for s in starts], [1] * 4, starts)
+        self.assertIn("0 worker restart(s), 0 node replacement(s)", log)
+        self.assertEqual((events[-1]["ev"], events[-1]["step"]), ("done", 24))
+        self.assertEqual(events[-1]["sha256"], self.clean["sha256"])
+        back = re.search(r"\[ballast master (\d\d):(\d\d):(\d\d\.\d+)\] warning job=\S+ the job master restarted", log)
+        killed = time.localtime(t_kill)
+        since = (int(back.group(1)) * 3600 + int(back.group(2)) * 60 + float(back.group(3))
+                 - (killed.tm_hour * 3600 + killed.tm_min * 60 + killed.tm_sec + t_kill % 1))
+        print(f"test_ray: the master's actor killed at step >= 6: its next incarnation resumed the job from the "
+              f"journal {since:.2f} s later; 0 worker restarts", flush=True)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,29 @@ std::optional<NodeEvent> RayScheduler::Apply(const std::string& line) {
     fatal_ = j.value("message", "the Ray bridge failed");
     return std::nullopt;
   }
+  if (ev.rfind("master_", 0) == 0) {
+    MasterActorEvent m;
+    if (ev == "master_started") {
+      m.kind = MasterActorEvent::Kind::kStarted;
+      m.host = j.value("host", "");
+      m.ip = j.value("ip", "");
+      m.port = j.value("port", 0);
+      m.pid = j.value("pid", 0);
+      m.incarnation = j.value("incarnation", 0);
+    } else if (ev == "master_died" || ev == "master_lost") {
+      m.kind = ev == "master_died" ? MasterActorEvent::Kind::kDied : MasterActorEvent::Kind::kLost;
+      m.reason = j.value("reason", "Ray reported the master's actor dead");
+    } else if (ev == "master_exited" || ev == "master_stopped") {
+      m.kind = ev == "master_exited" ? MasterActorEvent::Kind::kExited : MasterActorEvent::Kind::kStopped;
+      m.status.exit_code = j.value("code", 0);
+      m.status.signal = j.value("signal", 0);
+    } else {
+      spdlog::warn("ray: the bridge wrote an unknown event: {}", line);
+      return std::nullopt;
+    }
+    master_events_.push_back(std::move(m));
+    return std::nullopt;
+  }
   // Nodes this side released are not reported again (NodeManager handled them).
   if (released_.count(name) > 0) return std::nullopt;
   NodeEvent e;
@@ -173,6 +196,30 @@ std::vector<NodeEvent> RayScheduler::Poll() {
   }
   std::vector<NodeEvent> out;
   out.swap(events_);
+  return out;
+}
+
+absl::Status RayScheduler::StartMaster(const MasterActorSpec& spec) {
+  return Send(json{{"op", "master_start"},
+                   {"argv", spec.argv},
+                   {"env", spec.env},
+                   {"journal", spec.journal},
+                   {"node", spec.node},
+                   {"advertise_host", spec.advertise_host},
+                   {"cleanup", spec.cleanup}}
+                  .dump());
+}
+
+absl::Status RayScheduler::KillMaster() { return Send(json{{"op", "master_kill"}}.dump()); }
+
+absl::Status RayScheduler::StopMaster(double grace_s) {
+  return Send(json{{"op", "master_stop"}, {"grace", grace_s}}.dump());
+}
+
+std::vector<MasterActorEvent> RayScheduler::MasterEvents(double timeout_s) {
+  Read(master_events_.empty() ? timeout_s : 0);
+  std::vector<MasterActorEvent> out;
+  out.swap(master_events_);
   return out;
 }
 

@@ -11,6 +11,9 @@
 //   to the bridge:   {"op":"launch","name","node_rank","incarnation","argv":[...],"env":{...},"avoid":[...]}
 //                    {"op":"release","name","reason","grace"}
 //                    {"op":"stop_all","grace"}
+//                    {"op":"master_start","argv":[...],"env":{...},"journal","node","advertise_host","cleanup"}
+//                    {"op":"master_kill"}             chaos: the master's actor killed, Ray restarts it
+//                    {"op":"master_stop","grace"}
 //   from the bridge: {"ev":"ready","nodes":N,"address":A,"ip":I}   once, after connecting (I: this node's address)
 //                    {"ev":"started","name","host"}   the agent runs on Ray node `host`
 //                    {"ev":"exited","name","code","signal"}
@@ -18,6 +21,15 @@
 //                    {"ev":"pending","name","reason"} no free Ray node fits it yet (reported once)
 //                    {"ev":"stopped"}                 every agent of stop_all ended
 //                    {"ev":"error","message"}         fatal: the bridge exits
+//                    {"ev":"master_started","host","ip","port","pid","incarnation"}  (again after each Ray restart)
+//                    {"ev":"master_died","reason"}    its actor died; Ray restarted it (master_started follows)
+//                    {"ev":"master_exited","code","signal"}  the master process ended by itself
+//                    {"ev":"master_lost","reason"}    its actor is dead for good (or could not be placed)
+//                    {"ev":"master_stopped","code","signal"}  after master_stop
+// The master's ops and events are the master actor's (`ballast ray run`'s
+// default): `ballast master --journal DIR` in an actor pinned to one Ray node
+// (the head unless told otherwise), which Ray restarts there when it dies;
+// every incarnation serves the same port, so the agents reconnect.
 // A node's host is its Ray node as users see it: "ray:<node id, 12 hex>@<ip>".
 // A launch with no free Ray node stays queued in the bridge and starts when
 // one joins (an autoscaled or KubeRay-recreated node, or one added by hand).
@@ -49,6 +61,28 @@ struct RaySchedulerOptions {
   LocalScheduler::CommandFor command_for;
 };
 
+// What the bridge said about the master actor.
+struct MasterActorEvent {
+  enum class Kind { kStarted, kDied, kExited, kLost, kStopped };
+  Kind kind = Kind::kStarted;
+  std::string host;  // kStarted: its Ray node, "ray:<id>@<ip>"
+  std::string ip;
+  int port = 0;
+  int pid = 0;
+  int incarnation = 0;
+  ExitStatus status;   // kExited, kStopped
+  std::string reason;  // kDied, kLost
+};
+
+struct MasterActorSpec {
+  std::vector<std::string> argv;  // `ballast master ...` without --host/--port/--advertise-host
+  std::map<std::string, std::string> env;
+  std::string journal;         // on the master's node
+  std::string node = "head";   // "head", a Ray node's IP, or its id (a prefix of it)
+  std::string advertise_host;  // "" = the node's Ray address
+  bool cleanup = false;        // the journal directory is removed when the master is stopped
+};
+
 class RayScheduler : public SchedulerInterface {
  public:
   // Starts the bridge and waits until it connected to the cluster. Errors
@@ -68,6 +102,16 @@ class RayScheduler : public SchedulerInterface {
   const std::string& cluster() const { return cluster_; }
   // This node's address in the cluster (where the agents reach the master).
   const std::string& driver_ip() const { return driver_ip_; }
+
+  // The master actor (see the protocol above). Its events are kept apart
+  // from the nodes'; MasterEvents returns those read so far, reading the
+  // bridge up to timeout_s when there are none.
+  absl::Status StartMaster(const MasterActorSpec& spec);
+  absl::Status KillMaster();
+  absl::Status StopMaster(double grace_s);
+  std::vector<MasterActorEvent> MasterEvents(double timeout_s);
+  // The bridge ended (its message, if any, was logged): nothing more comes.
+  bool closed() const { return closed_; }
 
   // One line from the bridge, as Poll applies it (exposed for unit tests).
   // Returns the event it makes, if any; "ready"/"stopped" set flags.
@@ -91,6 +135,7 @@ class RayScheduler : public SchedulerInterface {
   std::set<std::string> running_;  // launched, not ended nor released
   std::set<std::string> released_;
   std::vector<NodeEvent> events_;
+  std::vector<MasterActorEvent> master_events_;
 };
 
 }  // namespace ballast::scheduler::ray

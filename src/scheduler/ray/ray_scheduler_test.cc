@@ -37,6 +37,14 @@ for line in f:
             send(ev="lost", name=op["name"], host=host, reason="Ray node " + host + " died")
     elif op["op"] == "stop_all":
         send(ev="stopped")
+    elif op["op"] == "master_start":
+        assert op["argv"][:2] == ["ballast", "master"] and op["journal"] == "/j" and op["node"] == "head", op
+        send(ev="master_started", host="ray:h@10.0.0.1", ip="10.0.0.1", port=4000, pid=7, incarnation=1)
+    elif op["op"] == "master_kill":
+        send(ev="master_died", reason="ActorDiedError: killed")
+        send(ev="master_started", host="ray:h@10.0.0.1", ip="10.0.0.1", port=4000, pid=8, incarnation=2)
+    elif op["op"] == "master_stop":
+        send(ev="master_stopped", code=0, signal=0)
 )PY";
 
 RaySchedulerOptions Options(bool fail = false) {
@@ -83,6 +91,40 @@ TEST(RayScheduler, ReportsWhatTheBridgeSaw) {
   EXPECT_TRUE(absl::IsNotFound((*s)->ReleaseNode("node-0", "again", 1)));
   EXPECT_TRUE((*s)->RunningNodes().empty());
   (*s)->StopAll(1);
+}
+
+TEST(RayScheduler, TheMasterActorsEventsAreKeptApartFromTheNodes) {
+  auto s = RayScheduler::Start(Options());
+  ASSERT_TRUE(s.ok()) << s.status();
+  MasterActorSpec spec;
+  spec.argv = {"ballast", "master"};
+  spec.journal = "/j";
+  ASSERT_TRUE((*s)->StartMaster(spec).ok());
+  std::vector<MasterActorEvent> ev;
+  for (int i = 0; i < 100 && ev.empty(); ++i) ev = (*s)->MasterEvents(0.1);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, MasterActorEvent::Kind::kStarted);
+  EXPECT_EQ(ev[0].ip, "10.0.0.1");
+  EXPECT_EQ(ev[0].port, 4000);
+  EXPECT_EQ(ev[0].incarnation, 1);
+  ASSERT_TRUE((*s)->KillMaster().ok());
+  ev.clear();
+  for (int i = 0; i < 100 && ev.size() < 2; ++i) {
+    for (MasterActorEvent& e : (*s)->MasterEvents(0.1)) ev.push_back(std::move(e));
+  }
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].kind, MasterActorEvent::Kind::kDied);
+  EXPECT_EQ(ev[0].reason, "ActorDiedError: killed");
+  EXPECT_EQ(ev[1].kind, MasterActorEvent::Kind::kStarted);
+  EXPECT_EQ(ev[1].pid, 8);
+  EXPECT_EQ(ev[1].incarnation, 2);
+  EXPECT_TRUE((*s)->Poll().empty());  // none of it is a node's
+  ASSERT_TRUE((*s)->StopMaster(1).ok());
+  ev.clear();
+  for (int i = 0; i < 100 && ev.empty(); ++i) ev = (*s)->MasterEvents(0.1);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, MasterActorEvent::Kind::kStopped);
+  EXPECT_TRUE(ev[0].status.ok());
 }
 
 TEST(RayScheduler, TheBridgesErrorIsTheStartsError) {
