@@ -60,6 +60,22 @@ def _local_ballast(argv):
 
 
 def _free_port():
+    """A free port for the master, kept for the whole job: above Ray's worker ports (10002-19999 by default)
+    and below the ephemeral range, where an outgoing connection could take it before the master binds it."""
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200 if low > 20100 else 0):
+        port = random.randrange(20000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+                return port
+            except OSError:
+                continue
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]

@@ -6,8 +6,8 @@
 // the head that Ray restarts there when it dies (RayMasterHost below), which
 // the driver follows as it follows a --journal master process; with
 // --master-on driver in this process (with --journal in a child process
-// restarted from its journal). The nodes are agent actors, one per Ray node, placed and
-// watched through the Ray bridge (scheduler/ray/ray_scheduler.h). Nodes beyond
+// restarted from its journal). The nodes are agent actors, one per Ray node,
+// placed and watched through the Ray bridge (scheduler/ray/ray_scheduler.h). Nodes beyond
 // --nodes MAX are hot spares, as with `ballast launch` and `ballast slurm`. A
 // lost node's replacement goes to another free Ray node, or waits for one
 // (an autoscaled or recreated node) while the job goes on with >= MIN nodes.
@@ -94,7 +94,8 @@ class RayMasterHost : public MasterHost {
         if (e.kind == Event::Kind::kLost) {
           lost_ = e.reason;
           return absl::UnavailableError(absl::StrCat(
-              incarnation_ == 0 ? "cannot start the master's Ray actor: " : "the master's Ray actor is gone: ", e.reason));
+              incarnation_ == 0 ? "cannot start the master's Ray actor: " : "the master's Ray actor is gone: ",
+              e.reason));
         }
         if (e.kind == Event::Kind::kExited) {
           return absl::FailedPreconditionError(absl::StrCat("the master process exited (", e.status.Describe(),
@@ -162,8 +163,8 @@ class RayMasterHost : public MasterHost {
 };
 
 int RayRun(const Args& args) {
-  CLI::App app{"Run a job on a Ray cluster: a master actor on the head and one agent actor per Ray node; nodes beyond --nodes "
-               "MAX are hot spares, a lost node is replaced on another free Ray node.",
+  CLI::App app{"Run a job on a Ray cluster: a master actor on the head and one agent actor per Ray node; nodes "
+               "beyond --nodes MAX are hot spares, a lost node is replaced on another free Ray node.",
                "ray run"};
   JobFlags f;
   int spares = 0;
