@@ -1,4 +1,4 @@
-// The job's master as `ballast launch` and `ballast slurm` drive it
+// The job's master as `ballast launch`, `ballast slurm` and `ballast ray run` drive it
 // (DrivenMaster): in their own process (InProcessMaster, the default), or in a
 // child process with a journal (MasterProcess, --journal DIR) that is
 // restarted from the journal when it dies, so a master crash is not the
@@ -9,10 +9,11 @@
 // A MasterProcess is `ballast master --journal DIR --no-supervise` with the
 // job's settings on a fixed port. Where it runs is a MasterHost: a child
 // process of the driver (LocalMasterHost, the default), or a Ray actor on the
-// Ray head that Ray restarts there (`ballast ray run`, cmd_ray.cc). The driver learns what the in-process
-// master would tell it by callback from the master's status (GetStatus, each
-// loop turn): nodes that turned dead or left (lost) or excluded, with the
-// reason. A master that dies of a signal is restarted at most 5 times a
+// Ray head that Ray restarts there (`ballast ray run`, cmd_ray.cc). The
+// driver learns what the in-process master would tell it by callback from
+// the master's status (GetStatus, each loop turn): nodes that turned dead or
+// left (lost) or excluded, with the reason; a new master_instance there is a
+// restart, whether or not the host reported the death yet. A master that dies of a signal is restarted at most 5 times a
 // minute; one that exits decided the job (its last status says how).
 //
 // Threading: one thread (the driver's loop) calls everything.
@@ -102,7 +103,7 @@ class MasterHost {
   virtual void Stop(double grace_s) = 0;
   // Chaos kill-master: kills it as a crash would (its process, or its actor).
   virtual void Kill() = 0;
-  // Where the incarnation runs, for messages: "pid 123", "Ray actor pid 123 on ray:...@10.0.0.2".
+  // Where the incarnation runs, for messages: "pid 123", "pid 123 in a Ray actor on ray:...@10.0.0.2".
   virtual std::string Where() const = 0;
 };
 
