@@ -26,11 +26,13 @@ build: configure
 # The Kubernetes control plane the tests run against, helm (the chart's tests)
 # and Kueue (the queueing tests), built from the Go module proxy into
 # ~/.cache/ballast/k8s-<versions>, helm-<version> and kueue-<version>
-# (10-20 min once; instant after).
+# (10-20 min once; instant after), and KubeRay's CRDs (the RayJob example's
+# test; downloaded, seconds) into kuberay-crds-<version>.
 k8s-binaries:
 	@scripts/k8s/build-control-plane.sh >/dev/null
 	@scripts/k8s/build-helm.sh >/dev/null
 	@scripts/k8s/build-kueue.sh >/dev/null
+	@scripts/k8s/kuberay-crds.sh >/dev/null
 
 # The pinned torch 2.x runtime the tests also run on: a venv of PyPI's torch
 # in ~/.cache/ballast/torch-<version>-py<python> (~5 GB, minutes once;
