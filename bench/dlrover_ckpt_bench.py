@@ -50,6 +50,11 @@ Rows:
                       "training" before the first save, so that save only
                       copies. Every row waits --first-gap before its first
                       save; only this one uses the time.
+  ballast  ... loadinto  the worker calls ckpt.load(into=state) right after
+                      constructing the Checkpointer, as a script that resumes
+                      does at its start (here nothing to load: a job's first
+                      start), without calling reserve: load sizes and faults
+                      the memory for that state in the background itself.
   ballast  agent nowarm  `ballast run --no-warm-restart`: by default the
                       agent preloads a warm interpreter (imports torch and
                       the worker's modules) for the next restart while the
@@ -118,19 +123,20 @@ BALLAST_PY = os.path.join(ROOT, "build", "python")
 # nowarm (ballast agent only): `ballast run --no-warm-restart`, so the agent does
 # not preload a warm interpreter for the next restart while the job runs.
 # reserve (ballast only): ckpt.reserve(state) before the --first-gap wait.
+# loadinto (ballast only): ckpt.load(into=state) there instead (a fresh start).
 ROWS = ("ballast:agent,ballast:no agent,dlrover:agent,dlrover:no agent,ballast:agent:reserve,"
         "ballast:no agent:reserve,ballast:agent:nowarm,ballast:agent:t1,ballast:no agent:t1,dlrover:agent:t2")
 
 
 def parse_row(key):
-    """'system:launch[:opt]' -> (system, launch, threads, flag); flag: "", "nowarm" or "reserve"."""
+    """'system:launch[:opt]' -> (system, launch, threads, flag); flag: "", "nowarm", "reserve" or "loadinto"."""
     parts = key.split(":")
     opt = parts[2] if len(parts) == 3 else ""
     if len(parts) not in (2, 3) or parts[0] not in ("ballast", "dlrover") or parts[1] not in ("agent", "no agent") \
             or not (opt == "" or re.fullmatch(r"t\d+", opt) or (opt == "nowarm" and parts[:2] == ["ballast", "agent"])
-                    or (opt == "reserve" and parts[0] == "ballast")):
+                    or (opt in ("reserve", "loadinto") and parts[0] == "ballast")):
         raise SystemExit(f"bad row {key!r}: want ballast|dlrover:agent|no agent[:tN], ballast:agent:nowarm "
-                         "or ballast:agent|no agent:reserve")
+                         "or ballast:agent|no agent:reserve|loadinto")
     threads = int(opt[1:]) if opt.startswith("t") else 0
     return parts[0], parts[1], threads, "" if threads else opt
 
@@ -171,6 +177,8 @@ def worker(a):
 
         if a.reserve:
             out["reserved_bytes"] = ckpt.reserve(state)
+        if a.load_into:
+            out["loaded_step"] = ckpt.load(into=state)[0]
 
         def save(step):
             ckpt.save(step, state)
@@ -237,7 +245,7 @@ def dlrover_run(argv):
 def dlrover_install(opt):
     if opt:
         return opt
-    found = sorted(glob.glob(os.path.expanduser("~/.cache/ballast/dlrover-*/dlrover")),
+    found = sorted(glob.glob(os.path.expanduser("~/.cache/ballast/dlrover-[0-9]*/dlrover")),
                    key=lambda d: [int(n) for n in re.findall(r"\d+", os.path.basename(os.path.dirname(d)))])
     return os.path.dirname(found[-1]) if found else None
 
@@ -297,7 +305,7 @@ def run_job(key, a, install, work, trial):
     log_path = os.path.join(work, tag + ".log")
     wargs = [os.path.abspath(__file__), "_worker", system, "--gb", str(a.gb), "--out", out, "--dir", ckdir,
              "--saves", str(a.saves), "--gap", str(a.gap), "--first-gap", str(a.first_gap),
-             "--threads", str(threads)] + (["--reserve"] if flag == "reserve" else [])
+             "--threads", str(threads)] + {"reserve": ["--reserve"], "loadinto": ["--load-into"]}.get(flag, [])
     env = env_for(system, install)
     if system == "ballast" and threads:
         env["BALLAST_CKPT_COPY_THREADS"] = str(threads)
@@ -444,7 +452,7 @@ def main(argv):
               f"{each_s:<20} {gbs(s['first_median_s']):>10} {gbs(s['steady_median_s']):>11} "
               f"{fmt(s['init_median_s']):>6}" + ("" if s["all_saved"] else "  (some saves NOT done!)"))
     ratios = {}
-    for mode in ("agent", "no agent", "agent:reserve", "no agent:reserve"):
+    for mode in ("agent", "no agent", "agent:reserve", "no agent:reserve", "agent:loadinto", "no agent:loadinto"):
         b, d = summary.get(f"ballast:{mode}"), summary.get(f"dlrover:{mode.split(':')[0]}")
         if b and d:
             ratios[mode] = {"first": b["first_median_s"] / d["first_median_s"],
@@ -478,6 +486,7 @@ if __name__ == "__main__":
         wp.add_argument("--gap", type=float, default=1.0)
         wp.add_argument("--first-gap", type=float, default=1.0)
         wp.add_argument("--reserve", action="store_true")
+        wp.add_argument("--load-into", action="store_true")
         wp.add_argument("--threads", type=int, default=0)
         worker(wp.parse_args(sys.argv[2:]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_dlrover_run":

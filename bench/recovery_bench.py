@@ -99,7 +99,7 @@ def trial(launcher_cmd, nproc, timeout=180, env=None, hang_args=None):
 def dlrover_env(opt):
     """(env for dlrover_baseline.py, version) or (None, why it is skipped)."""
     if opt is None:  # auto-detect: the newest install by setup_dlrover.sh
-        found = sorted(glob.glob(os.path.expanduser("~/.cache/ballast/dlrover-*/dlrover")),
+        found = sorted(glob.glob(os.path.expanduser("~/.cache/ballast/dlrover-[0-9]*/dlrover")),
                        key=lambda d: [int(n) for n in re.findall(r"\d+", os.path.basename(os.path.dirname(d)))])
         if not found:
             return None, "not installed (no ~/.cache/ballast/dlrover-*; see bench/setup_dlrover.sh)"

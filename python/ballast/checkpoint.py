@@ -1034,7 +1034,10 @@ class Checkpointer:
                 model and optimizer hold the checkpoint without a new
                 allocation or a ``load_state_dict`` copy, the way
                 torch.distributed.checkpoint loads. The returned state holds
-                those tensors; plain values come back as saved.
+                those tensors; plain values come back as saved. When there
+                is nothing to load (a job's first start), the memory for
+                saves of a state like it is sized in the background, as
+                ``reserve`` does, so the first save only copies.
             mesh: the DeviceMesh on which a saved DTensor that has no target
                 in ``into`` comes back (default: the mesh of a DTensor in
                 ``into`` with as many dimensions, else a 1-D mesh over the
@@ -1152,10 +1155,13 @@ class Checkpointer:
         if disk_min < 0:
             from_dcp = from_dcp if from_dcp is not None else os.environ.get("BALLAST_FROM_DCP") or None
             if from_dcp is not None and step is None:
-                return self._load_dcp(from_dcp, into)
+                got = self._load_dcp(from_dcp, into)
+                self._reserve_fresh(into)
+                return got
             if step is None:
                 self._check_rollback_target(rank, allow_fresh_start)
             self.last_load_source = None
+            self._reserve_fresh(into)
             return None, None
         # Every rank loads the newest step on disk. A rank that still holds
         # that very step in its own memory (a survivor of a lost node) reads
@@ -1178,6 +1184,19 @@ class Checkpointer:
         self.last_load_source = "disk"
         self._reserve_like(disk_min, rank)
         return disk_min, state
+
+    def _reserve_fresh(self, into):
+        """A start with nothing in this rank's memory yet and ``into``, the
+        state the script fills and then saves: the memory of its first save is
+        sized and faulted now, in the background, as ``reserve`` does, so
+        that save only copies. A state that grows after this (an optimizer's
+        moments, created at its first step) grows the rest at that save."""
+        if into is None or max(self._store.capacities(), default=0) > 0:
+            return
+        try:
+            self.reserve(into)
+        except (TypeError, ValueError):
+            pass  # something a save would refuse too; the save says what
 
     def _reserve_like(self, step, rank):
         """After a load from disk (a new node, a job restarted from its

@@ -130,6 +130,28 @@ class RoundTrip(TestCase):
         c.save(4, state)
         self.assertEqual(c.load()[0], 4)
 
+    def test_a_fresh_start_with_into_sizes_the_memory_for_the_first_save(self):
+        import time
+        state = {"model": {"w": torch.randn(4 << 20)}, "step": 0}  # 16 MiB
+        # Nothing to load and no `into`: nothing to size by.
+        bare = self.checkpointer()
+        self.assertEqual(bare.load(), (None, None))
+        self.assertEqual(max(bare._store.capacities()), 0)
+        c = self.checkpointer()
+        self.assertEqual(c.load(into=state), (None, None))
+        deadline = time.monotonic() + 30
+        while c._store.growing() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(c._store.growing())
+        # One slot sized for a save of that state before any save: the first save only copies.
+        sized = max(c._store.capacities())
+        self.assertGreaterEqual(sized, 16 << 20)
+        c.save(1, state)
+        self.assertLessEqual(c._largest_image, sized)  # it fit in the slot sized before it
+        step, got = c.load()
+        self.assertEqual(step, 1)
+        self.assertStateEqual(state, got)
+
     def test_reserve_sizes_the_memory_the_first_save_needs_without_reading_data(self):
         import time
         torch.manual_seed(0)
