@@ -1195,8 +1195,9 @@ class Checkpointer:
             return
         try:
             self.reserve(into)
-        except (TypeError, ValueError):
-            pass  # something a save would refuse too; the save says what
+        except Exception as e:  # noqa: BLE001 (a head start, never a reason for load to fail)
+            warnings.warn(f"ballast: the memory for the first save was not sized ahead ({e}); "
+                          "that save sizes it itself")
 
     def _reserve_like(self, step, rank):
         """After a load from disk (a new node, a job restarted from its
