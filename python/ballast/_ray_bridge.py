@@ -28,12 +28,14 @@ this driver's too, and its master process dies with it.
 import ctypes
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
@@ -44,6 +46,33 @@ def _die_with_parent():
     # forked it goes (the actor process dying, or being killed by Ray).
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _die_with_raylet():
+    """In an agent's actor: ends this process the moment the raylet that
+    started it (its parent) exits, as when its Ray node is removed or the
+    raylet crashes. Ray's own worker notices that only later (~0.5 s here), and
+    meanwhile the agent (this process's child) kept its stream to the master
+    open: the driver then started the node's replacement only at Ray's death
+    notice instead of at the stream's close. The agent dies with this process
+    (PR_SET_PDEATHSIG), its workers with it. A parent that is not a raylet is
+    left alone."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/comm") as f:
+            if f.read().strip() != "raylet":
+                return
+        fd = os.pidfd_open(ppid)
+    except (OSError, AttributeError):  # no pidfd (Linux < 5.3): Ray's own notice then
+        return
+    if os.getppid() != ppid:  # it exited before the pidfd was opened
+        os._exit(1)
+
+    def watch():
+        select.select([fd], [], [])  # readable once the raylet has exited
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ballast-raylet-watch", daemon=True).start()
 
 
 def _local_ballast(argv):
@@ -173,6 +202,7 @@ class _Agent:
         self.name = name
         self.node_rank = node_rank
         self.proc = None
+        _die_with_raylet()
 
     def __repr__(self):
         # Ray prefixes the lines this actor prints with it: "(node-1 rank 1 pid=..)".

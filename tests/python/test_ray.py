@@ -63,7 +63,10 @@ class RayJobs(unittest.TestCase):
         if os.environ.get(NETNS_MARK) != "1":
             raise RuntimeError("run test_ray.py as a script (python test_ray.py): it enters a loopback-only "
                                "network namespace first")
-        cls.tmp = tempfile.mkdtemp(prefix="ballast-ray-", dir=os.environ.get("BALLAST_TEST_OUTPUT"))
+        out = os.environ.get("BALLAST_TEST_OUTPUT")
+        if out:  # a fresh build dir has none until some suite makes it: this one may run first
+            os.makedirs(out, exist_ok=True)
+        cls.tmp = tempfile.mkdtemp(prefix="ballast-ray-", dir=out)
         cls.python = sys.executable
         t0 = time.monotonic()
         cls.cluster = Cluster(initialize_head=True, head_node_args={
