@@ -100,7 +100,7 @@ DLROVER_DIR = os.environ.get("BALLAST_DLROVER_RAY",
                              os.path.join(os.path.expanduser("~"), ".cache", "ballast", "dlrover-ray-0.6.1"))
 DLROVER_MASTER_RES = "dlrover_master"
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
-from _ray_cluster import HEALTH, STORE, agent_ray_node, enter_loopback_netns, read_jsonl  # noqa: E402
+from _ray_cluster import HEALTH, STORE, agent_ray_node, alive, enter_loopback_netns, read_jsonl  # noqa: E402
 from _ray_cluster import job_processes as procs_matching  # noqa: E402
 FAULT_STEP = 15
 STEP_TIME = 0.15
@@ -349,15 +349,6 @@ def raytrain_driver(out, steps, ckpt_every):
 
 
 # ---------------------------------------------------------------- the bench
-
-
-def alive(pid):
-    """Whether pid runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 class Bench:

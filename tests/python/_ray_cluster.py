@@ -1,6 +1,6 @@
 """What the Ray tests (test_ray.py) and bench/ray_bench.py share: a loopback-only
 network namespace to run the cluster in, Ray's settings for a small cluster on
-one machine, and finding a job's processes and the Ray node of an agent."""
+one machine, finding a job's processes and the Ray node of an agent, and whether a process runs."""
 import json
 import os
 import sys
@@ -22,6 +22,15 @@ def enter_loopback_netns(mark):
     os.environ[mark] = "1"
     os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
                           sys.executable, *sys.argv])
+
+
+def alive(pid):
+    """Whether pid runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def read_jsonl(path):

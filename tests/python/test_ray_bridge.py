@@ -17,6 +17,8 @@ import tempfile
 import time
 import unittest
 
+from _ray_cluster import alive
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BRIDGE = os.path.join(ROOT, "python", "ballast", "_ray_bridge.py")
 
@@ -38,15 +40,6 @@ actor = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[3], sys.ar
 print(actor.pid, flush=True)
 time.sleep(120)
 """
-
-
-def alive(pid):
-    """Whether pid runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 class DieWithRaylet(unittest.TestCase):
