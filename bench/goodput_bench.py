@@ -4,7 +4,10 @@ A job of STEPS steps of --step-time seconds of simulated accelerator compute
 (bench/goodput_train.py: DDP on gloo, 1 node x --nproc workers, --state-mb
 MiB of state per rank) has a worker SIGKILLed after about every --kill-every
 seconds of compute. Goodput = STEPS x step_time / (launch -> job done), so
-start-up, checkpoint stalls, recovery and recomputed steps all count as lost.
+start-up, checkpoint stalls, recovery and recomputed steps all count as lost,
+and so does what each step takes beyond --step-time (the script's own work).
+Beside it: issue 31's definition, STEPS x the median measured step time /
+wall, and the wall time split into parts from rank 0's step log (wall_split).
 Beside it: the same wall time's productive share by the definition of the
 master's goodput accountant (the duration of each step that reached a new
 step number, from the script's step log) and, for Ballast, the accountant's
@@ -14,6 +17,8 @@ to the job's end, a little shorter than launch -> exit).
 Systems, same script, same machine, one after the other:
   ballast (warm restart, overlapped flash save every step, persisted every 10)
   the same with `--save-every auto` (Ballast picks which saves copy)
+  ballast with no checkpoint (--ckpt none: the floor; a kill restarts from
+      step 0, so run it with --kill-every above the compute time)
   torch's elastic agent (elastic_launch, monitor_interval 0.1) with
       torch.save every --torch-every steps
 Each is also run without failures (--no-clean skips that). Not a test: the
@@ -108,13 +113,56 @@ def run(cmd, script_flags, a, kills, env=None):
             m = re.search(r"save_every auto: copying every (\d+) step", line)
             if m:
                 auto.append(int(m.group(1)))
+    split_log = wall_split(evs0, t0, t0 + wall, a.step_time)
+    durations = sorted(split_log.pop("_durations"))
+    median_step = durations[len(durations) // 2] if durations else a.step_time
     return {"wall_s": wall, "goodput": a.steps * a.step_time / wall, "accountant_goodput": accountant,
+            # The issue's definition: steps x the median step time (as measured) / launch -> exit.
+            "median_step_goodput": a.steps * median_step / wall, "median_step_s": median_step,
+            "wall_split_s": split_log,
             "accountant_split_s": split, "save_every_auto": auto,
             "step_log_goodput": productive / wall,
             "kills": len(kill_times), "kill_times": kill_times,
             "starts": len(starts), "steps_run": steps_run, "redone_steps": steps_run - a.steps,
             "first_step_s": first_step, "loads": [(s["step"], s["source"], round(s["load_s"], 3)) for s in starts],
             "out": out}
+
+
+def wall_split(evs, t_launch, t_exit, step_time):
+    """Every second of launch -> exit, from one rank's step log: its parts
+    add up to the wall time exactly.
+      startup   launch -> the first process's "start" (interpreters, import,
+                rendezvous, process group, load)
+      restart   a process's last step -> the next process's "start"
+      first     each process's "start" -> its first step (the first step
+                after a (re)start: its compute plus what warms up)
+      compute   step_time per new step number (the simulated compute)
+      overhead  what the other steps took beyond step_time (the script's
+                own work: DDP, the optimizer, saves, progress, its log)
+      redone    steps of a number reached before (after a rollback)
+      exit      the last step -> exit (the last save's wait, the barrier,
+                the process group, the agent and the master ending)
+    Also returns "_durations": the new steps' measured times."""
+    parts = dict.fromkeys(("startup", "restart", "first", "compute", "overhead", "redone", "exit"), 0.0)
+    durations, high, prev, last = [], 0, None, t_launch
+    for e in evs:
+        if e["event"] == "start":
+            parts["startup" if prev is None and last == t_launch else "restart"] += e["t"] - last
+            last, prev = e["t"], None
+        elif e["event"] == "step":
+            dt = e["t"] - last
+            if prev is None:
+                parts["first"] += dt
+            elif e["step"] > high:
+                parts["compute"] += step_time
+                parts["overhead"] += dt - step_time
+                durations.append(dt)
+            else:
+                parts["redone"] += dt
+            high, prev, last = max(high, e["step"]), e["t"], e["t"]
+    parts["exit"] = t_exit - last
+    parts["_durations"] = durations
+    return parts
 
 
 def main():
@@ -154,6 +202,9 @@ def main():
         **({f"ballast --save-every auto --mtbf {a.mtbf} (the user's prior for the failure rate)":
             lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
                      "--max-restarts", str(kills + 2), "--save-every", "auto", "--mtbf", a.mtbf]} if a.mtbf else {}),
+        "ballast with no checkpoint (the floor: what the script costs without saves)":
+            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
+                     "--max-restarts", str(kills + 2)],
         f"torch elastic_launch (monitor 0.1 s) + torch.save every {a.torch_every} steps":
             lambda: [PY, os.path.join(HERE, "torch_elastic_baseline.py"), "--nproc-per-node", str(a.nproc),
                      "--monitor-interval", "0.1", "--max-restarts", str(kills + 2), "--port", str(free_port())],
@@ -167,8 +218,8 @@ def main():
             p.error(f"--systems {a.systems!r} matches no system")
     results = {}
     for name, cmd in systems.items():
-        flags = ["--ckpt", "ballast"] if name.startswith("ballast") else ["--ckpt", "torch", "--torch-every",
-                                                                          str(a.torch_every)]
+        flags = (["--ckpt", "none"] if "no checkpoint" in name else ["--ckpt", "ballast"] if name.startswith("ballast")
+                 else ["--ckpt", "torch", "--torch-every", str(a.torch_every)])
         rows = {}
         for label, k in (("failures", kills),) + ((("clean", 0),) if not a.no_clean else ()):
             trials = sorted((run(cmd(), flags, a, k, env=env) for _ in range(max(1, a.trials))),
@@ -183,6 +234,10 @@ def main():
             print(f"{name:70s} {label:8s} goodput {r['goodput']:.3f}{acc}  wall {r['wall_s']:6.1f} s  kills {r['kills']}  "
                   f"redone steps {r['redone_steps']:3d}  first step {r['first_step_s']:.1f} s  loads {r['loads']}",
                   flush=True)
+            print("    launch -> exit from rank 0's step log: " + ", ".join(
+                f"{k} {v:.2f} s" for k, v in r["wall_split_s"].items()) +
+                f" (median step {r['median_step_s'] * 1000:.1f} ms; steps x median step / wall: "
+                f"{r['median_step_goodput']:.3f})", flush=True)
             if r["accountant_split_s"]:
                 print(f"    master's split: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["accountant_split_s"].items())
                       + (f"; save_every auto chose {sorted(set(r['save_every_auto']))}" if r["save_every_auto"] else ""),

@@ -179,7 +179,7 @@ ReplicaServer::ReplicaServer(std::string store_prefix, std::string token, int fd
 }
 
 ReplicaServer::~ReplicaServer() {
-  stop_ = true;
+  stop_.Stop();
   if (accept_thread_.joinable()) accept_thread_.join();
   std::list<Conn> conns;
   {
@@ -194,9 +194,8 @@ ReplicaServer::~ReplicaServer() {
 }
 
 void ReplicaServer::AcceptLoop() {
-  while (!stop_.load()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
+  while (!stop_.stopped()) {
+    if (!stop_.WaitReadable(listen_fd_)) continue;
     int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
     SetIoTimeout(c, kServerIoTimeoutS);

@@ -53,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckpt/slot_store.h"
+#include "common/net.h"
 #include "common/replica_record.h"
 
 namespace ballast::agent {
@@ -101,7 +102,7 @@ class ReplicaServer {
   std::atomic<int> last_get_nice_{-100};
   const int listen_fd_;
   const int port_;
-  std::atomic<bool> stop_{false};
+  StopSignal stop_;  // wakes the accept thread at once
   std::thread accept_thread_;
 
   std::mutex mu_;

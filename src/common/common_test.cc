@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -288,6 +289,32 @@ TEST(ProbeListener, AcceptsConnectionsUntilDestroyed) {
   absl::Status s = CheckTcpConnect("127.0.0.1", port, 2.0);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(std::string(s.message()).find(absl::StrCat("127.0.0.1:", port)), std::string::npos) << s;
+}
+
+// A stop wakes a waiting thread at once: with a fallback timeout of a minute,
+// a wait that missed the stop would hang this test until ctest's timeout.
+TEST(StopSignal, WakesAWaitAtOnceAndStaysStopped) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  StopSignal stop;
+  ASSERT_TRUE(write(fds[1], "x", 1) == 1);
+  EXPECT_TRUE(stop.WaitReadable(fds[0], 60000));  // readable: true
+  char c;
+  ASSERT_EQ(read(fds[0], &c, 1), 1);
+  bool woke = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread waiter([&] { woke = stop.WaitReadable(fds[0], 60000); });
+  stop.Stop();
+  waiter.join();
+  EXPECT_FALSE(woke);
+  // Not a timing target: a wait that missed the stop ends only at the fallback.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_TRUE(stop.stopped());
+  // Stopped before the wait, and with the fd readable too: false at once.
+  ASSERT_TRUE(write(fds[1], "x", 1) == 1);
+  EXPECT_FALSE(stop.WaitReadable(fds[0], 60000));
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST(CheckTcpConnect, UnresolvableNameIsNotFoundNamingIt) {

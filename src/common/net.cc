@@ -7,6 +7,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -375,11 +376,33 @@ absl::StatusOr<std::unique_ptr<ProbeListener>> ProbeListener::Start() {
   return std::unique_ptr<ProbeListener>(new ProbeListener(*fd, port));
 }
 
+StopSignal::StopSignal() : efd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+StopSignal::~StopSignal() {
+  if (efd_ >= 0) close(efd_);
+}
+
+void StopSignal::Stop() {
+  stopped_ = true;
+  if (efd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(efd_, &one, sizeof(one));
+  }
+}
+
+bool StopSignal::WaitReadable(int fd, int fallback_ms) const {
+  pollfd p[2] = {{fd, POLLIN, 0}, {efd_, POLLIN, 0}};
+  // Stop() sets stopped_ before it writes, so a stop before the poll is seen
+  // either here or as a readable eventfd.
+  if (stopped_.load()) return false;
+  const int n = poll(p, efd_ >= 0 ? 2 : 1, efd_ >= 0 ? -1 : fallback_ms);
+  return n > 0 && (p[0].revents & (POLLIN | POLLERR | POLLHUP)) != 0 && !stopped_.load();
+}
+
 ProbeListener::ProbeListener(int fd, int port) : fd_(fd), port_(port) {
   thread_ = std::thread([this] {
-    while (!stop_.load()) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
+    while (!stop_.stopped()) {
+      if (!stop_.WaitReadable(fd_)) continue;
       int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (c >= 0) close(c);
     }
@@ -387,7 +410,7 @@ ProbeListener::ProbeListener(int fd, int port) : fd_(fd), port_(port) {
 }
 
 ProbeListener::~ProbeListener() {
-  stop_ = true;
+  stop_.Stop();
   if (thread_.joinable()) thread_.join();
   close(fd_);
 }

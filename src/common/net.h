@@ -82,10 +82,30 @@ std::string InterfaceWithAddress(const std::string& addr);
 // CAP_NET_ADMIN in its network namespace). The chaos `partition` drill.
 absl::Status SetInterfaceUp(const std::string& name, bool up);
 
+// Wakes a thread that polls a socket the moment it is told to stop, instead
+// of at the end of its poll's timeout (which a stop on a restart's critical
+// path would wait out): an eventfd polled beside the socket.
+class StopSignal {
+ public:
+  StopSignal();
+  ~StopSignal();
+  StopSignal(const StopSignal&) = delete;
+  StopSignal& operator=(const StopSignal&) = delete;
+  void Stop();
+  bool stopped() const { return stopped_.load(); }
+  // Waits until fd is readable (true), the signal stops (false) or
+  // fallback_ms pass (false; used only when the eventfd could not be made).
+  bool WaitReadable(int fd, int fallback_ms = 100) const;
+
+ private:
+  int efd_ = -1;
+  std::atomic<bool> stopped_{false};
+};
+
 // A TCP listener on every address (port picked by the kernel) that accepts
 // connections and closes them at once: other nodes connect to it to prove that
 // an address of this host is reachable from theirs. One thread; the destructor
-// stops it.
+// stops it at once.
 class ProbeListener {
  public:
   static absl::StatusOr<std::unique_ptr<ProbeListener>> Start();
@@ -98,7 +118,7 @@ class ProbeListener {
   ProbeListener(int fd, int port);
   int fd_;
   int port_;
-  std::atomic<bool> stop_{false};
+  StopSignal stop_;
   std::thread thread_;
 };
 
