@@ -8,7 +8,7 @@ start-up, checkpoint stalls, recovery and recomputed steps all count as lost,
 and so does what each step takes beyond --step-time (the script's own work).
 Beside it: issue 31's definition, STEPS x the median measured step time /
 wall, and the wall time split into parts from rank 0's step log (wall_split).
-Beside it: the same wall time's productive share by the definition of the
+Also: the same wall time's productive share by the definition of the
 master's goodput accountant (the duration of each step that reached a new
 step number, from the script's step log) and, for Ballast, the accountant's
 own figure from the job summary line (its wall runs from the master's start
@@ -17,8 +17,9 @@ to the job's end, a little shorter than launch -> exit).
 Systems, same script, same machine, one after the other:
   ballast (warm restart, overlapped flash save every step, persisted every 10)
   the same with `--save-every auto` (Ballast picks which saves copy)
-  ballast with no checkpoint (--ckpt none: the floor; a kill restarts from
-      step 0, so run it with --kill-every above the compute time)
+  ballast with no checkpoint (--ckpt none: the floor; only when --systems
+      names it; a kill restarts from step 0, so give --kill-every above the
+      compute time)
   torch's elastic agent (elastic_launch, monitor_interval 0.1) with
       torch.save every --torch-every steps
 Each is also run without failures (--no-clean skips that). Not a test: the
@@ -212,7 +213,9 @@ def main():
     print(f"goodput bench: {a.steps} steps x {a.step_time} s = {compute:.0f} s of compute, {a.state_mb} MiB of "
           f"state per rank, 1 node x {a.nproc}, {kills} worker kill(s) (one per {a.kill_every:.0f} s of compute)",
           flush=True)
-    if a.systems:
+    if not a.systems:
+        systems = {n: c for n, c in systems.items() if "no checkpoint" not in n}
+    else:
         systems = {n: c for n, c in systems.items() if any(w and w in n for w in a.systems.split(","))}
         if not systems:
             p.error(f"--systems {a.systems!r} matches no system")
