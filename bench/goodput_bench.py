@@ -193,19 +193,18 @@ def main():
     kills = max(0, int(compute / a.kill_every - 1e-9))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         x for x in (os.path.join(ROOT, "build", "python"), os.environ.get("PYTHONPATH")) if x), OMP_NUM_THREADS="1")
+    def ballast_cmd(*flags):
+        return [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
+                "--max-restarts", str(kills + 2), *flags]
+
     systems = {
-        "ballast (warm restart, overlapped flash save every step)":
-            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
-                     "--max-restarts", str(kills + 2)],
+        "ballast (warm restart, overlapped flash save every step)": lambda: ballast_cmd(),
         "ballast --save-every auto (the interval from the measured costs and failure rate)":
-            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
-                     "--max-restarts", str(kills + 2), "--save-every", "auto"],
+            lambda: ballast_cmd("--save-every", "auto"),
         **({f"ballast --save-every auto --mtbf {a.mtbf} (the user's prior for the failure rate)":
-            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
-                     "--max-restarts", str(kills + 2), "--save-every", "auto", "--mtbf", a.mtbf]} if a.mtbf else {}),
-        "ballast with no checkpoint (the floor: what the script costs without saves)":
-            lambda: [a.ballast, "run", "--standalone", "--nproc-per-node", str(a.nproc), "--python", PY,
-                     "--max-restarts", str(kills + 2)],
+            lambda: ballast_cmd("--save-every", "auto", "--mtbf", a.mtbf)} if a.mtbf else {}),
+        # The script runs with --ckpt none (below): the same command.
+        "ballast with no checkpoint (the floor: what the script costs without saves)": lambda: ballast_cmd(),
         f"torch elastic_launch (monitor 0.1 s) + torch.save every {a.torch_every} steps":
             lambda: [PY, os.path.join(HERE, "torch_elastic_baseline.py"), "--nproc-per-node", str(a.nproc),
                      "--monitor-interval", "0.1", "--max-restarts", str(kills + 2), "--port", str(free_port())],
