@@ -203,6 +203,29 @@ class Suite:
         return [p for p in self.pods(ns, selector)
                 if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
 
+    def crds_established(self, names, timeout=60):
+        """Wait until every CRD in names has its Established condition True.
+
+        Not `kubectl wait --for=condition=Established`: a CRD read before the
+        API server first writes its status has `status.conditions: null`, which
+        kubectl's wait takes for an error and gives up on (seen in CI: "accessor
+        error: <nil> is of the type <nil>, expected []interface{}")."""
+        def established(name):
+            p = self.kubectl("get", f"crd/{name}", "-o", "json", check=False)
+            if p.returncode != 0:
+                return False
+            conditions = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+        left, deadline = list(names), time.time() + timeout
+        while True:
+            left = [n for n in left if not established(n)]
+            if not left:
+                return
+            if time.time() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for these CRDs to be Established: "
+                                     f"{', '.join(left)} (kubectl get crd NAME -o yaml shows their status)")
+            time.sleep(0.2)
+
     def wait(self, cond, timeout, what, interval=0.2):
         deadline = time.time() + timeout
         while time.time() < deadline:

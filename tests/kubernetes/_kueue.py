@@ -90,8 +90,7 @@ class Kueue:
                                         "conversionReviewVersions": ["v1"]}}
                     docs.append(crd)
         self.apply(docs)
-        self.k.kubectl("wait", "--for", "condition=established", "--timeout=60s",
-                       *[f"crd/{d['metadata']['name']}" for d in docs])
+        self.k.crds_established([d["metadata"]["name"] for d in docs])
         # Kueue's manager looks its kinds up in discovery once, at start.
         self.k.wait(lambda: self.k.kubectl("api-resources", "--api-group=kueue.x-k8s.io", check=False).stdout
                     .count("kueue.x-k8s.io/v1beta2") >= len(docs) - 1, 60, "Kueue's kinds in discovery")

@@ -69,7 +69,7 @@ class ElasticJobCRDTest(unittest.TestCase):
                        "the operator stopped")
         cls.k.kubectl("apply", "-f", os.path.join(DEPLOY, "00-namespace.yaml"),
                       "-f", os.path.join(DEPLOY, "01-crd.yaml"), "-f", os.path.join(DEPLOY, "02-rbac.yaml"))
-        cls.k.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+        cls.k.crds_established([CRD])
         # Established is set before discovery and the OpenAPI schema kubectl's
         # validation needs are served: wait until kubectl can list the resource.
         cls.k.wait(lambda: cls.k.kubectl("get", "elasticjobs", "-A", check=False).returncode == 0,

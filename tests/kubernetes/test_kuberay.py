@@ -45,8 +45,7 @@ class KubeRayExampleTest(unittest.TestCase):
         # Server-side: the RayJob CRD (1.3 MB) is too large for client-side apply's annotation.
         cls.k.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                       input="\n---\n".join(json.dumps(d) for d in docs))
-        cls.k.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      *[f"crd/{d['metadata']['name']}" for d in docs])
+        cls.k.crds_established([d["metadata"]["name"] for d in docs])
         # Established comes before discovery and the OpenAPI schema kubectl's validation uses.
         cls.k.wait(lambda: cls.k.kubectl("get", "rayjobs", "-A", check=False).returncode == 0,
                    30, "kubectl get rayjobs to work")

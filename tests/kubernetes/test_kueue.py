@@ -76,16 +76,26 @@ class PhaseRecorder:
         self._thread.start()
 
     def _run(self, harness):
-        while not self._stop.is_set():
+        final_reads = 50
+        while True:
+            # Read, then look at the stop flag: the read after stop() is what
+            # the caller last saw (e.g. the Succeeded its wait_phase returned
+            # on), which a check before the read would miss.
+            stopping = self._stop.is_set()
             try:
                 phase = harness.status().get("phase")
             except Exception:  # noqa: BLE001 - a failed read is retried
                 phase = None
             if phase and (not self.phases or self.phases[-1] != phase):
                 self.phases.append(phase)
+            if stopping:
+                final_reads -= 1
+                if phase or not final_reads:
+                    return
             self._stop.wait(0.02)
 
     def stop(self):
+        """Stops after one more read, made after this call."""
         self._stop.set()
         self._thread.join()
         return self.phases
