@@ -41,6 +41,11 @@ def log(msg):
     print(f"[k8s suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def out(p):
+    """A finished subprocess's exit code and output, for a failed assertion's message."""
+    return f"\n--- rc={p.returncode} stdout:\n{p.stdout}\n--- stderr:\n{p.stderr}"
+
+
 def read_env(path):
     env = {}
     with open(path) as f:

@@ -17,7 +17,7 @@ import ssl
 import unittest
 import urllib.request
 
-from _cluster import OPERATOR_REPLICAS, ROOT, Suite
+from _cluster import OPERATOR_REPLICAS, ROOT, Suite, out
 
 DEPLOY = os.path.join(ROOT, "deploy")
 EXAMPLE = os.path.join(ROOT, "examples", "kubernetes", "elasticjob.yaml")
@@ -36,10 +36,6 @@ BASE = {
             {"name": "trainer", "image": "my-train:latest", "command": ["python3", "train.py"]}]}},
     },
 }
-
-
-def out(p):
-    return f"\n--- kubectl rc={p.returncode} stdout:\n{p.stdout}\n--- stderr:\n{p.stderr}"
 
 
 def job(name="job", **spec_edits):

@@ -22,15 +22,11 @@ import unittest
 
 import yaml
 
-from _cluster import ROOT, Suite
+from _cluster import ROOT, Suite, out
 
 EXAMPLE = os.path.join(ROOT, "examples", "ray", "rayjob.yaml")
 FETCH = os.path.join(ROOT, "scripts", "k8s", "kuberay-crds.sh")
 BALLAST = os.environ.get("BALLAST_BIN", os.path.join(ROOT, "build", "bin", "ballast"))
-
-
-def out(p):
-    return f"\n--- rc={p.returncode} stdout:\n{p.stdout}\n--- stderr:\n{p.stderr}"
 
 
 class KubeRayExampleTest(unittest.TestCase):
