@@ -1,6 +1,10 @@
 #include "ckpt/slot_store.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +17,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
 
 namespace ballast::ckpt {
 
@@ -116,6 +124,8 @@ SlotStore::SlotStore(std::string name, bool owner, bool prefault)
     : name_(std::move(name)), owner_(owner), prefault_(prefault), pid_(getpid()) {}
 
 SlotStore::~SlotStore() {
+  stop_populate_ = true;
+  if (populate_thread_.joinable()) populate_thread_.join();
   if (grow_thread_.joinable()) grow_thread_.join();
   if (writer_ && block_ != nullptr) {
     int32_t me = pid_;
@@ -179,10 +189,49 @@ absl::StatusOr<std::unique_ptr<SlotStore>> SlotStore::Open(const std::string& na
   store->num_slots_ = static_cast<int>(block->num_slots);
   for (int i = 0; i < store->num_slots_; ++i) {
     ASSIGN_OR_RETURN(auto seg, ShmSegment::Open(SlotName(name, i)));
-    if (prefault) RETURN_IF_ERROR(seg->Prefault(0, seg->size()));
+    std::lock_guard<std::mutex> lock(store->mu_);
     store->slots_.push_back(std::move(seg));
   }
+  if (prefault) store->PopulateInBackground();
   return store;
+}
+
+void SlotStore::PopulateInBackground() {
+  std::vector<std::pair<uint64_t, int>> order;  // (commit order, slot): the newest last
+  for (int i = 0; i < num_slots_; ++i) {
+    const SlotControl& c = slot_control(i);
+    const bool committed = c.state.load(std::memory_order_relaxed) == static_cast<uint32_t>(SlotState::kCommitted);
+    order.emplace_back(committed ? c.commit_order.load(std::memory_order_relaxed) : 0, i);
+  }
+  std::stable_sort(order.begin(), order.end());
+  std::vector<std::shared_ptr<Mapping>> maps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [unused, i] : order) {
+      if (slots_[i]->mapping() != nullptr && slots_[i]->mapping()->size() > 0) maps.push_back(slots_[i]->mapping());
+    }
+  }
+  if (maps.empty()) return;
+  populate_thread_ = std::thread([this, maps = std::move(maps)] {
+    // At the lowest priority: the process is starting (a restarted worker
+    // restores and builds its model now), and a page this thread has not
+    // reached yet is faulted by the save or read that touches it.
+    pthread_setname_np(pthread_self(), "ckpt-populate");
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+    constexpr uint64_t kChunk = 4u << 20;
+    for (const auto& m : maps) {
+      for (uint64_t lo = 0; lo < m->size(); lo += kChunk) {
+        if (stop_populate_.load(std::memory_order_relaxed)) return;
+        // Best effort: a kernel without MADV_POPULATE_WRITE (before 5.14)
+        // leaves the faults to the first save and read of each page.
+        if (madvise(m->data() + lo, std::min(kChunk, m->size() - lo), MADV_POPULATE_WRITE) != 0) return;
+      }
+    }
+  });
+}
+
+void SlotStore::WaitPrefaulted() {
+  if (populate_thread_.joinable()) populate_thread_.join();
 }
 
 absl::Status SlotStore::AcquireWriter() {

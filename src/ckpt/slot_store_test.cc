@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 #include <thread>
@@ -153,6 +154,70 @@ uint64_t AllocatedBytes(const std::string& name) {
 bool WaitGrown(SlotStore* store) {
   for (int i = 0; i < 2000 && store->growing(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   return !store->growing();
+}
+
+// Bytes of the mapping that contains `addr` that are mapped in this process's
+// page tables (Rss in /proc/self/smaps); -1 if no mapping contains it.
+int64_t MappedBytesAt(const void* addr) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return -1;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  char line[512];
+  bool in = false;
+  int64_t rss = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;  // NOLINT(runtime/int): sscanf's %lx
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line; its fields follow
+      in = a >= lo && a < hi;
+      continue;
+    }
+    long kb = 0;  // NOLINT(runtime/int)
+    if (in && std::sscanf(line, "Rss: %ld kB", &kb) == 1) {
+      rss = static_cast<int64_t>(kb) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return rss;
+}
+
+TEST(CkptSlotStore, OpenWithPrefaultMapsTheSlotsPagesAndTheImageReadsBackWhole) {
+  auto agent = SlotStore::Create(UniqueShmName("openfault"), StoreOpts(3, 4096));
+  ASSERT_TRUE(agent.ok());
+  constexpr uint64_t kBytes = 24u << 20;
+  {
+    // A worker saved a step before it died: its slot holds 24 MiB.
+    auto first = SlotStore::Open((*agent)->name());
+    ASSERT_TRUE(first.ok()) << first.status();
+    CheckpointWriter writer(first->get(), Opts(3));
+    StepState st(7, kBytes);
+    ASSERT_TRUE(writer.Save(7, st.views).ok());
+  }
+  // Without prefault nothing is mapped until it is read.
+  auto lazy = SlotStore::Open((*agent)->name(), /*prefault=*/false);
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  auto lazy_pin = (*lazy)->PinLatest();
+  ASSERT_TRUE(lazy_pin.ok()) << lazy_pin.status();
+  ASSERT_GE(lazy_pin->image_bytes(), kBytes);
+  EXPECT_LT(MappedBytesAt(lazy_pin->image()), int64_t{1} << 20);
+  lazy_pin->Release();
+  // The restarted worker's Open: the same slot is mapped once the background
+  // faulting is done, and the image reads back whole.
+  auto worker = SlotStore::Open((*agent)->name());
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  (*worker)->WaitPrefaulted();
+  auto pin = (*worker)->PinLatest();
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  EXPECT_EQ(pin->step(), 7u);
+  EXPECT_GE(MappedBytesAt(pin->image()), static_cast<int64_t>(kBytes));
+  pin->Release();
+  auto snap = RestoreFromShm(worker->get());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ExpectMatchesStep(*snap, kBytes);
+  // A store closed while it faults stops the thread between chunks.
+  auto closing = SlotStore::Open((*agent)->name());
+  ASSERT_TRUE(closing.ok());
+  closing->reset();
 }
 
 TEST(CkptSlotStore, ReserveSizesAndFaultsTheSlotTheFirstSaveTakesSoThatSaveOnlyCopies) {
