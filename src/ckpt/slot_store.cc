@@ -125,8 +125,17 @@ SlotStore::SlotStore(std::string name, bool owner, bool prefault)
 
 SlotStore::~SlotStore() {
   stop_populate_ = true;
-  if (populate_thread_.joinable()) populate_thread_.join();
-  if (grow_thread_.joinable()) grow_thread_.join();
+  // A process forked while a thread ran (a DataLoader worker, say) has the
+  // std::thread objects but not the threads: nothing to join there.
+  const bool forked = getpid() != pid_;
+  for (std::thread* t : {&populate_thread_, &grow_thread_}) {
+    if (!t->joinable()) continue;
+    if (forked) {
+      t->detach();
+    } else {
+      t->join();
+    }
+  }
   if (writer_ && block_ != nullptr) {
     int32_t me = pid_;
     block_->writer_pid.compare_exchange_strong(me, 0);
@@ -231,7 +240,7 @@ void SlotStore::PopulateInBackground() {
 }
 
 void SlotStore::WaitPrefaulted() {
-  if (populate_thread_.joinable()) populate_thread_.join();
+  if (populate_thread_.joinable() && getpid() == pid_) populate_thread_.join();
 }
 
 absl::Status SlotStore::AcquireWriter() {

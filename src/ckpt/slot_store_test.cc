@@ -218,6 +218,19 @@ TEST(CkptSlotStore, OpenWithPrefaultMapsTheSlotsPagesAndTheImageReadsBackWhole) 
   auto closing = SlotStore::Open((*agent)->name());
   ASSERT_TRUE(closing.ok());
   closing->reset();
+  // A process forked meanwhile (a DataLoader worker) closes its copy of the
+  // store without joining a thread it does not have.
+  auto forking = SlotStore::Open((*agent)->name());
+  ASSERT_TRUE(forking.ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    forking->reset();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
 TEST(CkptSlotStore, ReserveSizesAndFaultsTheSlotTheFirstSaveTakesSoThatSaveOnlyCopies) {
