@@ -570,11 +570,17 @@ void Agent::StopWorkers(const std::string& why, Breakpoint breakpoint) {
   round_address_->RoundEnded();
   if (!workers_->started()) {
     running_round_ = false;
+    if (breakpoint == Breakpoint::kNone) exit_breakpoint_owed_ = false;  // the job succeeded, or a rollback
+    if (breakpoint == Breakpoint::kWait && exit_breakpoint_owed_ && ckpt_ != nullptr && !kill_now_.load()) {
+      exit_breakpoint_owed_ = false;
+      ckpt_->BreakpointSave(why);
+    }
     return;
   }
   if (workers_->AnyRunning()) spdlog::info("stopping workers: {} {}", why, Fmt());
   workers_->Stop(options_.tunables.stop_grace_s, &kill_now_);
   running_round_ = false;
+  exit_breakpoint_owed_ = breakpoint == Breakpoint::kBackground;
   PublishState();
   // Breakpoint save, only now: with every worker dead no slot is being
   // written, so each store's newest committed step is final. Before a

@@ -232,6 +232,12 @@ class Agent {
   // its workers started or a SIGKILLed one was last classified.
   std::optional<int64_t> oom_kills_seen_;
   bool running_round_ = false;  // workers of round_ were started and not stopped
+  // The workers were stopped with a background breakpoint save, which writes
+  // only the steps a rank asked to persist: if the agent exits before another
+  // round's workers run (a preemption's SIGTERM just after the master stopped
+  // this node's round because another node left), the exit still owes the
+  // full breakpoint save of what is in memory.
+  bool exit_breakpoint_owed_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;

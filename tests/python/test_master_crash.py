@@ -111,11 +111,12 @@ class MasterCrashTest(unittest.TestCase):
         time.sleep(self.rng.uniform(0.2, 2.0))  # down for a while, as a crashed pod is
         self.start_master()
 
-    def start_agent(self, rank):
+    def start_agent(self, rank, persist_every=2):
         return self.spawn([BIN, "run", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--nnodes", "2",
                            "--nproc-per-node", "1", "--node-rank", str(rank), "--local-addr", "127.0.0.1",
                            "--python", PYTHON, TRAIN, "--out", self.out, "--ckpt-dir", self.ckpt, "--ckpt", "ballast",
-                           "--steps", str(STEPS), "--step-time", "0.08", "--state-mb", "2", "--persist-every", "2"],
+                           "--steps", str(STEPS), "--step-time", "0.08", "--state-mb", "2",
+                           "--persist-every", str(persist_every)],
                           f"agent{rank}.log")
 
     def steps(self, rank):
@@ -171,6 +172,33 @@ class MasterCrashTest(unittest.TestCase):
             wait_for(f"step {mark}", lambda: self.steps(0) >= mark, 90)
             time.sleep(self.rng.uniform(0, 0.08))  # anywhere within the step, commits included
             self.kill_master(f"step {self.steps(0)}")
+
+    def test_an_agent_the_master_stopped_still_writes_its_memory_to_disk_when_terminated(self):
+        # A preemption deletes every pod of the job: one agent gets SIGTERM
+        # first and leaves, the master stops the other's round (too few
+        # nodes), and that agent's SIGTERM comes a moment later. Its workers
+        # never asked for disk (the Checkpointer only named the folder), so
+        # the stop wrote nothing; the exit must still write the newest step
+        # it holds in memory (seen failing in kubernetes.test_kueue's
+        # preemption: the resumed job started from step 0).
+        self.begin()
+        agents = [self.start_agent(r, persist_every=1000000) for r in (0, 1)]
+        wait_for("both ranks at step 5", lambda: min(self.steps(0), self.steps(1)) >= 5, 120)
+        os.kill(agents[0].pid, signal.SIGTERM)
+        wait_for("the master stopping node 1's round",
+                 lambda: "stopping workers: the master stops round" in self.log("agent1.log")
+                 or "stopping workers: waiting:" in self.log("agent1.log"), 30)
+        os.kill(agents[1].pid, signal.SIGTERM)
+        for a in agents:
+            self.assertEqual(a.wait(timeout=60), 128 + signal.SIGTERM, self.log("agent0.log") + self.log("agent1.log"))
+        log1 = self.log("agent1.log")
+        m = re.search(r"breakpoint save: step (\d+) of rank 1 persisted from memory \(the agent got SIGTERM", log1)
+        self.assertIsNotNone(m, log1[-4000:])
+        step = int(m.group(1))
+        self.assertGreaterEqual(step, 4, log1[-4000:])
+        self.assertTrue(os.path.exists(os.path.join(self.ckpt, f"step-{step}", "rank-1.ballast")), log1[-4000:])
+        # Node 0 wrote its own at its SIGTERM, as before.
+        self.assertRegex(self.log("agent0.log"), r"breakpoint save: step \d+ of rank 0 persisted from memory")
 
     def test_master_killed_during_rendezvous_and_training(self):
         self.begin()
