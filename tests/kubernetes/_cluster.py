@@ -221,24 +221,24 @@ class Suite:
                 return False
             conditions = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
             return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-        left, deadline = list(names), time.time() + timeout
-        while True:
-            left = [n for n in left if not established(n)]
-            if not left:
-                return
-            if time.time() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for these CRDs to be Established: "
-                                     f"{', '.join(left)} (kubectl get crd NAME -o yaml shows their status)")
-            time.sleep(0.2)
+        left = list(names)
+
+        def none_left():
+            left[:] = [n for n in left if not established(n)]
+            return not left
+        self.wait(none_left, timeout, lambda: f"these CRDs to be Established: {', '.join(left)} "
+                                              "(kubectl get crd NAME -o yaml shows their status)")
 
     def wait(self, cond, timeout, what, interval=0.2):
+        """Polls cond() until it is true; what (a string, or a callable that
+        says it at the timeout) names what was waited for."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             v = cond()
             if v:
                 return v
             time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
 
     def pod_log(self, ns, pod, container=None):
         import glob
