@@ -528,7 +528,12 @@ class Checkpointer:
             ``$BALLAST_CKPT_COPY_SHARE``, else 0.25; ``--ckpt-copy-share``):
             when a write takes longer, only the first such step of every k
             steps is written (ballast.save_policy.PersistPace); ``wait()``
-            writes the newest one left out. 1: every step asked for.
+            writes the newest one left out. 1: every step asked for. The
+            same share bounds the agent's copies of saved steps to peer
+            nodes (``--ckpt-replicas``): when they take longer, every rank
+            sends only the first copied save of every k steps, the same k on
+            all ranks (ballast.save_policy.ReplicaPace), and a node loss
+            resumes from a step up to k saves old.
 
     Example::
 
@@ -596,6 +601,13 @@ class Checkpointer:
         # Under an agent, which persist=True saves ask for a write (the agent
         # says what a write took); in-process persists are written by wait().
         self._pace = _save_policy.PersistPace(copy_share) if self.agent else None
+        # Under an agent that sends this rank's steps to peer nodes, which
+        # copied saves it sends: the same steps on every rank (a collective).
+        peers = os.environ.get(_save_policy.ENV_REPLICA_PEERS, "") if self.agent else ""
+        self._replica_pace = _save_policy.ReplicaPace(
+            copy_share, agree=lambda k: me()._agree_interval(k) if me() is not None else k
+        ) if peers not in ("", "0") else None
+        self._pending_replica = None  # the step of a save(blocking=False) to send to the peers once copied
         self._thinned = None  # the newest persist=True step the pace left out
 
     # -- helpers ---------------------------------------------------------------
@@ -690,16 +702,19 @@ class Checkpointer:
         if self._pace is not None and int(step) >= 0:
             store = self._store
             self._pace.note(step, store.durable_step(), store.durable_write_s())
+            if self._replica_pace is not None:
+                self._replica_pace.note(step, store.replicated_step(), store.replica_put_s())
         if not self.due(step, persist):
             return False
         step = int(step)
         if persist and self._pace is not None and not self._pace.wants(step):
             persist = False  # kept in memory; wait() writes the newest one left out
             self._thinned = step
+        replicate = self._replica_pace is not None and self._replica_pace.wants(step)
         self.wait_saved()
         t0 = time.perf_counter()
         try:
-            self._save(step, state_dict, blocking, persist)
+            self._save(step, state_dict, blocking, persist, replicate)
         finally:
             # What training waited for this save (the master's checkpoint part).
             blocked = time.perf_counter() - t0
@@ -707,7 +722,7 @@ class Checkpointer:
         self._interval.copied(step, blocked)
         return True
 
-    def _save(self, step, state_dict, blocking, persist):
+    def _save(self, step, state_dict, blocking, persist, replicate=False):
         """save() once the pending overlapped save is done."""
         self._store.wait_incoming(_INCOMING_WAIT_S)  # the agent is the store's writer until then
         rank, world = self.rank_world()
@@ -723,6 +738,7 @@ class Checkpointer:
             self._res.pending = _PendingSave(self._store, step, entries, keepalive, self._copy_parallel)
             self._overlapped_saves += 1
             self._pending_persist = (step, rank, world) if persist else None
+            self._pending_replica = step if replicate else None
             return
         # The agent's hang detection allows a save its checkpoint grace period.
         _C.progress_checkpoint(True)
@@ -734,6 +750,8 @@ class Checkpointer:
         finally:
             _C.progress_checkpoint(False)
         self._note_growth(step, stats)
+        if replicate:
+            self._store.request_replica(step)
         if persist:
             self._request_persist(step, rank, world)
         if self._pins:
@@ -864,6 +882,7 @@ class Checkpointer:
             return
         self._res.pending = None
         persist, self._pending_persist = self._pending_persist, None
+        replicate, self._pending_replica = self._pending_replica, None
         if not pending.done():  # training waits for the copy: a checkpoint stall
             # One copy thread was not enough to finish within the step: the
             # next overlapped saves copy on all of them.
@@ -875,6 +894,8 @@ class Checkpointer:
                 _C.progress_ckpt_stall(time.perf_counter() - t0, 0)
         else:
             pending.wait()
+        if replicate is not None:
+            self._store.request_replica(replicate)
         if persist is not None:
             self._request_persist(*persist)
 

@@ -255,7 +255,41 @@ def parse_share(text):
     return share
 
 
-class PersistPace:
+class _SharePace:
+    """What PersistPace and ReplicaPace share: the copy share and the step
+    time measured between save() calls."""
+
+    def __init__(self, share, clock, log):
+        if share is None:
+            share = os.environ.get(ENV_COPY_SHARE) or DEFAULT_COPY_SHARE
+        self.share = parse_share(share)
+        self._clock = clock
+        self._log = log if log is not None else _rank0_log()
+        self.every = 1            # k: at most one copy per block of k steps
+        self._last_call = None    # (step, time) of the previous save() call
+        self._steps = []          # seconds per step between save() calls
+
+    def _note_step(self, step):
+        now = self._clock()
+        if self._last_call is not None and step > self._last_call[0]:
+            self._steps.append((now - self._last_call[1]) / (step - self._last_call[0]))
+            del self._steps[:-_WINDOW]
+        self._last_call = (step, now)
+
+    def _every_for(self, cost, cap):
+        """k for copies of ``cost`` seconds: the smallest power of two (at most
+        ``cap``) with cost / (k x step) <= share; None while unmeasured or
+        with a share of 1."""
+        t = _median(self._steps)
+        if cost <= 0 or t <= 0 or self.share >= 1:
+            return None
+        k = 1
+        while cost / (k * t) > self.share and k < cap:
+            k *= 2
+        return k
+
+
+class PersistPace(_SharePace):
     """Which ``save(step, state, persist=True)`` calls ask the agent to write
     the step to disk: as often as asked, unless the writes would take more
     than ``share`` of the time (``--ckpt-copy-share``, default 0.25).
@@ -285,14 +319,7 @@ class PersistPace:
     """
 
     def __init__(self, share=None, *, clock=time.monotonic, log=None):
-        if share is None:
-            share = os.environ.get(ENV_COPY_SHARE) or DEFAULT_COPY_SHARE
-        self.share = parse_share(share)
-        self._clock = clock
-        self._log = log if log is not None else _rank0_log()
-        self.every = 1            # k: at most one persist per block of k steps
-        self._last_call = None    # (step, time) of the previous save() call
-        self._steps = []          # seconds per step between save() calls
+        super().__init__(share, clock, log)
         self._writes = []         # seconds the agent took to write a step
         self._durable = 0         # the newest durable step seen
         self._last_persist_call = None  # (step, answer) of the previous persist=True save
@@ -301,11 +328,7 @@ class PersistPace:
         """Records a save() call for ``step`` and what the store says of the
         newest durable step and its write time."""
         step = int(step)
-        now = self._clock()
-        if self._last_call is not None and step > self._last_call[0]:
-            self._steps.append((now - self._last_call[1]) / (step - self._last_call[0]))
-            del self._steps[:-_WINDOW]
-        self._last_call = (step, now)
+        self._note_step(step)
         if durable_step > self._durable:
             self._durable = int(durable_step)
             if write_s > 0:
@@ -315,12 +338,8 @@ class PersistPace:
 
     def _choose(self):
         w, t = _median(self._writes), _median(self._steps)
-        if w <= 0 or t <= 0 or self.share >= 1:
-            return
-        k = 1
-        while w / (k * t) > self.share and k < _MAX_PERSIST_EVERY:
-            k *= 2
-        if k != self.every:
+        k = self._every_for(w, _MAX_PERSIST_EVERY)
+        if k is not None and k != self.every:
             self.every = k
             self._log(f"ballast: persisting at most once every {k} step(s): a write to disk takes {w:.3f} s, "
                       f"a step {t:.3f} s (writes kept under {self.share:.0%} of the time: --ckpt-copy-share)"
@@ -335,4 +354,86 @@ class PersistPace:
             return prev[1]  # asked again for the same step: the same answer
         want = prev is None or step // self.every != prev[0] // self.every or step < prev[0]
         self._last_persist_call = (step, want)
+        return want
+
+
+ENV_REPLICA_PEERS = "BALLAST_CKPT_REPLICA_PEERS"
+_MAX_REPLICATE_EVERY = 64
+# The ranks agree on the interval at the first copied save of each block of
+# this many steps (one all-reduce of one integer).
+_REPLICA_AGREE_STEPS = 32
+
+
+class ReplicaPace(_SharePace):
+    """Which copied saves the ``ballast run`` agent sends to peer nodes
+    (``--ckpt-replicas``): every one, unless sending them would take more than
+    ``share`` of the time (``--ckpt-copy-share``, default 0.25).
+
+    A replica is a copy of the rank's whole state over the network by the
+    agent's thread, beside training: on a node whose cores training uses it
+    slows the steps (measured: +7-20 % of a CPU-bound step with 64 MiB a rank
+    and a copy every step). With a copy of P seconds (the agent says how long
+    its last one to every holder took) and steps of t seconds, the copies go
+    out once per k steps, k the smallest power of two with P / (k t) <= share
+    (at most 64): the first copied save of each block of k steps.
+
+    Unlike persists, the ranks must agree on k: a restore after a node loss
+    needs one step that every rank holds, the lost node's ranks from their
+    replicas and the others from their own memory, where the agent keeps each
+    rank's last replicated step. So the ranks take the largest k (``agree``, a
+    collective: every rank calls it at the first copied save of each block of
+    32 steps). A node loss then resumes from a step up to k saves old.
+
+    Args:
+        share: the fraction in (0, 1] (None: $BALLAST_CKPT_COPY_SHARE, else
+            0.25); 1 sends every copied save, whatever a copy takes.
+        agree: the k the world's ranks agree on, from this rank's (the
+            Checkpointer's: the largest over the process group).
+        clock: seconds, monotonic (tests pass their own).
+        log: where a change of k is said (default: stderr, rank 0).
+    """
+
+    def __init__(self, share=None, *, agree=None, clock=time.monotonic, log=None):
+        super().__init__(share, clock, log)
+        self._agree = agree if agree is not None else (lambda k: k)
+        self._puts = []             # seconds the agent took to send a step to its holders
+        self._replicated = 0        # the newest replicated step seen
+        self._prev = None           # (step, answer) of the previous copied save
+
+    def note(self, step, replicated_step=0, put_s=0.0):
+        """Records a save() call for ``step`` and what the store says of the
+        newest replicated step and what sending it took."""
+        step = int(step)
+        self._note_step(step)
+        if replicated_step != self._replicated:
+            self._replicated = int(replicated_step)
+            if put_s > 0:
+                self._puts.append(float(put_s))
+                del self._puts[:-_WINDOW]
+
+    def wish(self):
+        """This rank's k from its own measurements."""
+        return self._every_for(_median(self._puts), _MAX_REPLICATE_EVERY) or 1
+
+    def wants(self, step):
+        """Whether the copied save of ``step`` asks the agent to send it (see
+        the class comment). Call it for every copied save, in order, on every
+        rank: it is collective at the first of each block of 32 steps."""
+        step = int(step)
+        prev = self._prev
+        if prev is not None and step == prev[0]:
+            return prev[1]  # asked again for the same step: the same answer
+        back = prev is not None and step < prev[0]
+        if prev is None or back or step // _REPLICA_AGREE_STEPS != prev[0] // _REPLICA_AGREE_STEPS:
+            k = max(1, int(self._agree(self.wish())))
+            if k != self.every:
+                p, t = _median(self._puts), _median(self._steps)
+                self._log(f"ballast: copying a step to the peer nodes at most once every {k} step(s): a copy takes "
+                          f"{p:.3f} s, a step {t:.3f} s (copies kept under {self.share:.0%} of the time: "
+                          f"--ckpt-copy-share)" if k > 1 else
+                          f"ballast: copying every saved step to the peer nodes again (a copy {p:.3f} s, a step "
+                          f"{t:.3f} s)")
+                self.every = k
+        want = prev is None or back or step // self.every != prev[0] // self.every
+        self._prev = (step, want)
         return want

@@ -1039,6 +1039,12 @@ PYBIND11_MODULE(_ballast, m) {
       .def("mark_durable", [](const PyStore& s, uint64_t step) { s.store()->MarkDurable(step); })
       .def("durable_step", [](const PyStore& s) { return s.store()->durable_step(); })
       .def("durable_write_s", [](const PyStore& s) { return s.store()->durable_write_s(); })
+      .def("request_replica",
+           [](const PyStore& s, uint64_t step) { s.store()->RequestReplica(step); })
+      .def("requested_replica_step",
+           [](const PyStore& s) { return s.store()->requested_replica_step(); })
+      .def("replicated_step", [](const PyStore& s) { return s.store()->replicated_step(); })
+      .def("replica_put_s", [](const PyStore& s) { return s.store()->replica_put_s(); })
       .def("mark_committed",
            [](const PyStore& s, uint64_t step) { s.store()->MarkCommitted(step); })
       .def("committed_step", [](const PyStore& s) { return s.store()->committed_step(); })

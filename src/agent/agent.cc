@@ -233,6 +233,7 @@ void Agent::StartCheckpointStores(const std::string& job_id) {
   po.report_timeout_s = options_.tunables.ckpt_report_timeout_s;
   po.breakpoint_report_timeout_s = options_.tunables.ckpt_breakpoint_report_timeout_s;
   po.copy_nice = options_.run.ckpt_copy_nice;
+  po.num_slots = options_.run.ckpt_replicas > 0 ? 4 : 3;
   if (disk_chaos_ != nullptr && disk_chaos_->armed()) {
     po.before_write = [d = disk_chaos_.get()](uint64_t step, const std::string& dir) {
       return d->BeforeWrite(step, dir);
@@ -688,8 +689,10 @@ void Agent::StartRound(const v1::StartRound& start) {
     // reads the lost ranks' steps from them (Checkpointer.load).
     std::vector<std::map<std::string, std::string>> env = ckpt_env_;
     const std::string held = absl::StrJoin(replicas_->HeldStores(), ",");
-    if (!held.empty()) {
-      for (auto& e : env) e[kCkptReplicasEnv] = held;
+    const int holders = std::min(options_.run.ckpt_replicas, start.group_world_size() - 1);
+    for (auto& e : env) {
+      if (!held.empty()) e[kCkptReplicasEnv] = held;
+      if (holders > 0) e[kCkptReplicaPeersEnv] = absl::StrCat(holders);
     }
     workers_->set_local_rank_env(std::move(env));
   }

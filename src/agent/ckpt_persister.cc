@@ -78,8 +78,8 @@ absl::StatusOr<std::unique_ptr<CkptPersister>> CkptPersister::Create(CkptPersist
   // A save proceeds while the previous step is persisted; an overlapped
   // saver (save(blocking=False)) also keeps the step before its newest, the
   // one the world has in common when a rank dies mid-save (the third slot is
-  // sized only by such a saver).
-  so.num_slots = 3;
+  // sized only by such a saver; a fourth with peer replicas: num_slots).
+  so.num_slots = p->options_.num_slots;
   so.initial_slot_bytes = 0;
   so.prefault = true;
   so.replace_existing = true;

@@ -64,6 +64,10 @@ inline constexpr char kCkptShmEnv[] = "BALLAST_CKPT_SHM";
 // Comma-separated stores of the replicas this node holds for other ranks
 // (set at each round start; see replica.h).
 inline constexpr char kCkptReplicasEnv[] = "BALLAST_CKPT_REPLICAS";
+// How many peer nodes hold this round's replicas of each rank (min(K, nodes
+// - 1); unset: none): every rank of the round sees the same value, so the
+// workers' Checkpointer agrees on which steps to replicate (ReplicaPace).
+inline constexpr char kCkptReplicaPeersEnv[] = "BALLAST_CKPT_REPLICA_PEERS";
 
 // Reports one durable shard to the master (MasterClient::ReportShardDurable in
 // the agent, a fake in tests). Must be thread-safe.
@@ -78,6 +82,10 @@ struct CkptPersisterOptions {
   // The store threads' nice value (LowerThisThread; 0: the agent's): the
   // writes yield the cores and the disk to training (--ckpt-copy-nice).
   int copy_nice = 0;
+  // Slots per store (SlotStoreOptions::num_slots): 3, and 4 with peer
+  // replicas (the sender keeps the replicated step pinned; a slot takes
+  // memory only once a save needs it).
+  int num_slots = 3;
   // How often the poll thread looks for persist requests.
   double poll_interval_s = 0.025;
   // Deadline of one report from the poll thread, and from a breakpoint save

@@ -474,29 +474,38 @@ int ReplicaSender::PollOnce() {
     }
   }
   for (size_t lr = 0; lr < stores_.size() && lr < baseline.size(); ++lr) {
-    // The newest committed slot saved in this round.
-    std::optional<ckpt::SlotInfo> newest;
-    for (const ckpt::SlotInfo& info : stores_[lr]->Inspect()) {
+    ckpt::SlotStore* store = stores_[lr];
+    // The step to send: the one the worker asked for (every rank asks for the
+    // same steps), else the newest committed slot saved in this round.
+    const uint64_t requested = store->requested_replica_step();
+    std::optional<ckpt::SlotInfo> target;
+    for (const ckpt::SlotInfo& info : store->Inspect()) {
       if (info.state != ckpt::SlotState::kCommitted || info.origin != ckpt::SlotOrigin::kSaved) continue;
-      if (info.commit_order <= baseline[lr]) continue;
-      if (!newest || info.commit_order > newest->commit_order) newest = info;
+      if (info.commit_order <= baseline[lr] || (requested > 0 && info.step != requested)) continue;
+      if (!target || info.commit_order > target->commit_order) target = info;
     }
-    if (!newest) continue;
+    if (!target) continue;
     const int rank = rank_offset + static_cast<int>(lr);
+    std::vector<size_t> todo;  // the holders that lack it and can take it now
+    bool reachable = false;
     for (size_t k = 0; k < peers.size(); ++k) {
+      if (peers[k].addr.empty()) continue;  // its agent has not published its endpoint yet
+      reachable = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (sent_[{peers[k].node_id, static_cast<int>(lr)}] >= target->commit_order) continue;
+      if (auto it = retry_at_.find(peers[k].node_id); it != retry_at_.end() && now < it->second) continue;
+      todo.push_back(k);
+    }
+    if (!reachable) continue;
+    absl::StatusOr<ckpt::PinnedSlot> pin = store->PinStep(target->step);
+    if (!pin.ok()) continue;  // overwritten meanwhile: the next pass sends a newer one
+    double put_s = 0;
+    for (size_t k : todo) {
       const ReplicaPeer& peer = peers[k];
-      if (peer.addr.empty()) continue;  // its agent has not published its endpoint yet
-      auto key = std::make_pair(peer.node_id, static_cast<int>(lr));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (sent_[key] >= newest->commit_order) continue;
-      }
-      if (auto it = retry_at_.find(peer.node_id); it != retry_at_.end() && now < it->second) continue;
-      absl::StatusOr<ckpt::PinnedSlot> pin = stores_[lr]->PinStep(newest->step);
-      if (!pin.ok()) break;  // overwritten meanwhile: the next pass sends the newer one
       const auto t0 = std::chrono::steady_clock::now();
       absl::Status s = PutReplica(peer.addr, token_, rank, world, pin->step(), pin->image(), pin->image_bytes(),
                                   /*timeout_s=*/30.0);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       // The record says where a rank's replicas are (and, refreshed every few
       // seconds, which step): one master RPC per rank and round, not per save.
       const std::string kv_key = ReplicaKey(rank, static_cast<int>(k));
@@ -516,12 +525,28 @@ int ReplicaSender::PollOnce() {
         continue;
       }
       warned_.erase(peer.node_id);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      put_s += ms / 1e3;
       spdlog::debug("checkpoint replica: rank {} step {} ({} bytes) on node {} in {:.1f} ms node={}", rank,
                     pin->step(), pin->image_bytes(), peer.node_id, ms, node_id_);
       std::lock_guard<std::mutex> lock(mu_);
-      sent_[key] = newest->commit_order;
+      sent_[{peer.node_id, static_cast<int>(lr)}] = target->commit_order;
       ++sent;
+    }
+    // Every reachable holder has it: the store keeps it (the survivors' side
+    // of a restore from it; SlotStore::MarkReplicated) and the worker learns
+    // what it cost.
+    bool everywhere = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const ReplicaPeer& peer : peers) {
+        if (!peer.addr.empty() && sent_[{peer.node_id, static_cast<int>(lr)}] < target->commit_order) everywhere = false;
+      }
+    }
+    if (!everywhere) continue;
+    // The time of one whole pass over the holders only (a retried holder's
+    // put alone is not what a step's copy costs).
+    if (store->replicated_step() != target->step || !todo.empty()) {
+      store->MarkReplicated(target->step, todo.size() == peers.size() ? put_s : 0);
     }
   }
   return sent;

@@ -1,8 +1,16 @@
 // In-memory checkpoint replicas on peer nodes.
 //
-// Every agent copies the newest flash checkpoint step of each of its local
-// ranks to the agents of the next K nodes of the round (ring order by group
-// rank, `--ckpt-replicas K`; 0 turns it off). A node that is lost takes its
+// Every agent copies a flash checkpoint step of each of its local ranks to
+// the agents of the next K nodes of the round (ring order by group rank,
+// `--ckpt-replicas K`; 0 turns it off): the step the rank's worker asked for
+// (SlotStore::RequestReplica: every rank asks for the same steps, paced by
+// the worker so the copies take at most --ckpt-copy-share of the time), or
+// the newest step when the worker never asks. The rank's own store keeps the
+// last two steps every holder took (SlotStore::MarkReplicated; two: a
+// survivor whose copy of step S+k was taken while a lost node's was not
+// still holds S): a restore after a node loss needs one step that every rank
+// holds, and with paced copies the lost node's replica step is several saves
+// old. A node that is lost takes its
 // shared memory with it; its replacement (same ranks, same world) copies its
 // ranks' newest replicas into its own stores before its workers start, and
 // the workers' Checkpointer.load() then finds the step in memory
@@ -151,8 +159,9 @@ class ReplicaSender {
   // sending) and the global rank of local rank 0 and the world size, which
   // label the steps saved from now on (steps saved before are not sent).
   void SetPeers(std::vector<ReplicaPeer> peers, int rank_offset, int world);
-  // One pass (the thread calls it; tests too): sends every store's newest
-  // step that a holder lacks. Returns the number of puts that succeeded.
+  // One pass (the thread calls it; tests too): sends every store's
+  // requested (else newest) step that a holder lacks. Returns the number of
+  // puts that succeeded.
   int PollOnce();
 
  private:

@@ -204,6 +204,46 @@ TEST(ReplicaSender, SendsEachNewSaveToTheRingPeerAndRecordsWhereItIs) {
   EXPECT_EQ(kv.Get(ReplicaKey(4, 0)), absl::StrCat("node-c ", Addr(**holder2), " step=4 world=6"));
 }
 
+TEST(ReplicaSender, SendsTheStepTheWorkerAskedForAndTellsTheStoreWhatItCost) {
+  auto holder = ReplicaServer::Start(UniqueShmName("paced-holder"), "tok");
+  ASSERT_TRUE(holder.ok());
+  FakeKv kv;
+  ckpt::SlotStoreOptions so;
+  so.num_slots = 4;
+  auto made = ckpt::SlotStore::Create(UniqueShmName("paced-own"), so);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ckpt::SlotStore* own = made->get();
+  ReplicaSender sender("node-a", "tok", {own}, kv.Setter(), kv.Getter(), /*poll=*/3600);
+  sender.SetPeers({{"node-b", Addr(**holder)}}, /*rank_offset=*/2, /*world=*/4);
+  // Never asked: the newest step goes, as for a worker that does not pace.
+  Save(own, 1, ImageForStep(1));
+  EXPECT_EQ(sender.PollOnce(), 1);
+  EXPECT_EQ(own->replicated_step(), 1u);
+  EXPECT_GT(own->replica_put_s(), 0);
+  // Asked for step 4 (every 4th step, say), saves 5 and 6 came after it.
+  for (uint64_t step = 2; step <= 4; ++step) Save(own, step, ImageForStep(step));
+  own->RequestReplica(4);
+  for (uint64_t step = 5; step <= 6; ++step) Save(own, step, ImageForStep(step));
+  EXPECT_EQ(sender.PollOnce(), 1);
+  EXPECT_TRUE((*holder)->Pin(2, 4).ok());
+  EXPECT_FALSE((*holder)->Pin(2, 6).ok()) << "a step the worker did not ask for was sent";
+  EXPECT_EQ(own->replicated_step(), 4u);
+  EXPECT_EQ(sender.PollOnce(), 0) << "each step goes once";
+  // The asked-for step not committed yet (or gone): nothing goes.
+  own->RequestReplica(8);
+  EXPECT_EQ(sender.PollOnce(), 0);
+  EXPECT_EQ(own->replicated_step(), 4u);
+  for (uint64_t step = 7; step <= 8; ++step) Save(own, step, ImageForStep(step));
+  EXPECT_EQ(sender.PollOnce(), 1);
+  EXPECT_TRUE((*holder)->Pin(2, 8).ok());
+  EXPECT_TRUE((*holder)->Pin(2, 4).ok()) << "the holder keeps the two newest";
+  // This store keeps both replicated steps (4, 8) while newer saves rotate.
+  for (uint64_t step = 9; step <= 14; ++step) {
+    Save(own, step, ImageForStep(step));
+    EXPECT_TRUE(own->PinStep(4).ok() && own->PinStep(8).ok()) << "save " << step;
+  }
+}
+
 TEST(ReplicaSender, AnUnreachablePeerIsRetriedWithoutBlockingTheOthers) {
   auto good = ReplicaServer::Start(UniqueShmName("sender-good"), "tok");
   ASSERT_TRUE(good.ok());

@@ -74,12 +74,19 @@ struct ControlBlock {
   PersistChannel persist;
   // The agent copying a replica in (SetIncoming): readers wait for it.
   std::atomic<int32_t> incoming_pid;
+  // The worker -> agent replica channel: the step the writer asks the agent
+  // to copy to peer nodes (0: none asked; then the agent sends the newest),
+  // the newest step every holder acknowledged, and what that took (ns).
+  std::atomic<uint64_t> replica_request_step;
+  std::atomic<uint64_t> replicated_step;
+  std::atomic<uint64_t> replicated_prev_step;  // the one before: kept too
+  std::atomic<uint64_t> replica_put_ns;
 };
 
 namespace {
 
 constexpr char kControlMagic[8] = {'B', 'A', 'L', 'C', 'T', 'R', 'L', '1'};
-constexpr uint32_t kControlVersion = 5;
+constexpr uint32_t kControlVersion = 6;
 constexpr uint64_t kControlBytes = 4096;
 constexpr uint64_t kGrowGranularity = 2u << 20;
 // The capacity a slot grows to for an image of `bytes`.
@@ -305,21 +312,30 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
   // committed, older commits before newer; a slot already big enough before
   // one that would have to grow, so a writer that keeps one step sizes a
   // third slot only while the persister pins or still needs an older one),
-  // then the kept ones, oldest first and the pending persist request last
-  // (used only when all others are pinned). Kept: the keep_newest newest
-  // committed slots, and the step the worker asked to persist while it is
-  // not durable: a persister still writing an older step (a slow disk) pins
-  // that one's slot, and overwriting the requested step would lose the
-  // request (the worker's wait() would wait for a step no longer there).
+  // then the kept ones (used only when all others are pinned), in this
+  // order: the keep_newest newest committed but the newest, oldest first;
+  // the two steps the agent's replica sender last saw every peer holder take
+  // (the older first: a restore after a node loss needs the survivors' side
+  // of the lost node's replica step, and a node lost while sending step S+k
+  // leaves S on its holder while the survivors sent S+k); the newest
+  // committed; last the pending requests: the step the worker asked to
+  // persist while it is not durable (a persister still writing an older step
+  // (a slow disk) pins that one's slot, and overwriting the requested step
+  // would lose the request: the worker's wait() would wait for a step no
+  // longer there), and the step it asked to replicate until it is sent.
+  enum Keep : int { kFree = 0, kRecent = 1, kReplicatedPrev = 2, kReplicated = 3, kNewest = 4, kPending = 5 };
   struct Cand {
     int slot;
     uint64_t order;  // commit order; 0 = not committed
-    bool kept = false;
+    int keep = kFree;
     bool small = false;
-    bool pending = false;  // holds the pending persist request: kept, and overwritten last
   };
   const uint64_t requested = block_->persist.request_step.load();
   const bool request_pending = requested > block_->persist.durable_step.load();
+  const uint64_t replica_requested = block_->replica_request_step.load();
+  const uint64_t replicated = block_->replicated_step.load();
+  const uint64_t replicated_prev = block_->replicated_prev_step.load();
+  const bool replica_pending = replica_requested > 0 && replica_requested != replicated;
   std::vector<Cand> cands;
   {
     std::lock_guard<std::mutex> lock(mu_);  // slot sizes
@@ -328,8 +344,18 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
       const uint64_t seq = c.seq.load(std::memory_order_acquire);
       const bool committed =
           seq % 2 == 0 && c.state.load() == static_cast<uint32_t>(SlotState::kCommitted);
-      const bool pending = committed && request_pending && c.step.load() == requested;
-      cands.push_back({i, committed ? c.commit_order.load() : 0, pending, slots_[i]->size() < image_bytes, pending});
+      const uint64_t slot_step = c.step.load();
+      int keep = kFree;
+      if (committed) {
+        if ((request_pending && slot_step == requested) || (replica_pending && slot_step == replica_requested)) {
+          keep = kPending;
+        } else if (slot_step > 0 && slot_step == replicated) {
+          keep = kReplicated;
+        } else if (slot_step > 0 && slot_step == replicated_prev) {
+          keep = kReplicatedPrev;
+        }
+      }
+      cands.push_back({i, committed ? c.commit_order.load() : 0, keep, slots_[i]->size() < image_bytes});
     }
   }
   std::vector<Cand*> by_order;
@@ -337,11 +363,12 @@ absl::StatusOr<SlotWrite> SlotStore::BeginSave(uint64_t step, uint64_t image_byt
     if (c.order > 0) by_order.push_back(&c);
   }
   std::sort(by_order.begin(), by_order.end(), [](const Cand* a, const Cand* b) { return a->order > b->order; });
-  for (int k = 0; k < keep_newest && k < static_cast<int>(by_order.size()); ++k) by_order[k]->kept = true;
+  for (int k = 0; k < keep_newest && k < static_cast<int>(by_order.size()); ++k) {
+    by_order[k]->keep = std::max(by_order[k]->keep, k == 0 ? int{kNewest} : int{kRecent});
+  }
   std::sort(cands.begin(), cands.end(), [&](const Cand& a, const Cand& b) {
-    if (a.kept != b.kept) return !a.kept;
-    if (!a.kept && a.small != b.small) return !a.small;
-    if (a.pending != b.pending) return !a.pending;
+    if (a.keep != b.keep) return a.keep < b.keep;
+    if (a.keep == kFree && a.small != b.small) return !a.small;
     return a.order < b.order;
   });
   // The slots this writer needs sized: the kept ones and the one it writes.
@@ -498,6 +525,10 @@ absl::StatusOr<int> SlotStore::DiscardFrom(uint64_t step) {
   PersistChannel& p = block_->persist;
   for (std::atomic<uint64_t>* word : {&p.request_step, &p.durable_step, &p.committed_step}) {
     if (word->load() >= step) word->store(step > 0 ? step - 1 : 0);
+  }
+  for (std::atomic<uint64_t>* word :
+       {&block_->replica_request_step, &block_->replicated_step, &block_->replicated_prev_step}) {
+    if (word->load() >= step) word->store(0);
   }
   if (!was_writer) ReleaseWriter();
   return emptied;
@@ -696,6 +727,17 @@ void SlotStore::MarkDurable(uint64_t step, double write_s) {
 }
 double SlotStore::durable_write_s() const { return static_cast<double>(block_->persist.durable_write_ns.load()) / 1e9; }
 uint64_t SlotStore::durable_step() const { return block_->persist.durable_step.load(); }
+void SlotStore::RequestReplica(uint64_t step) { block_->replica_request_step.store(step); }
+uint64_t SlotStore::requested_replica_step() const { return block_->replica_request_step.load(); }
+void SlotStore::MarkReplicated(uint64_t step, double put_s) {
+  if (put_s > 0) block_->replica_put_ns.store(static_cast<uint64_t>(put_s * 1e9));
+  const uint64_t last = block_->replicated_step.load();
+  if (last == step) return;
+  block_->replicated_prev_step.store(last);
+  block_->replicated_step.store(step);
+}
+uint64_t SlotStore::replicated_step() const { return block_->replicated_step.load(); }
+double SlotStore::replica_put_s() const { return static_cast<double>(block_->replica_put_ns.load()) / 1e9; }
 void SlotStore::MarkCommitted(uint64_t step) { StoreMax(block_->persist.committed_step, step); }
 uint64_t SlotStore::committed_step() const { return block_->persist.committed_step.load(); }
 

@@ -35,8 +35,9 @@
 //  6. The image itself carries header/index/data checksums, verified on restore.
 // The step the writer asked to persist is kept too until it is durable (a
 // persister still writing an older step pins that slot; a slow disk must not
-// lose the request). If every slot other than the kept ones (BeginSave's
-// keep_newest newest committed, the pending request) is pinned, the writer
+// lose the request), and the step it asked to replicate until the agent's
+// sender sent it. If every slot other than the kept ones (BeginSave's
+// keep_newest newest committed, the pending requests) is pinned, the writer
 // overwrites a kept one, oldest first and the pending request last (the
 // pinned older step is still whole and being made durable) rather than wait.
 //
@@ -273,6 +274,20 @@ class SlotStore {
   static constexpr size_t kMaxPersistErrorBytes = 512;
   void ReportPersistError(uint64_t step, const std::string& message);
   std::optional<PersistError> GetPersistError() const;
+  // --- Replica channel (worker <-> the agent's replica sender). ---
+  // Writer: asks for `step` (committed) to be copied to the peer nodes that
+  // hold this rank's replicas; the newest request replaces the last (every
+  // rank asks for the same steps: a restore needs one step of every rank).
+  // The requested step is kept from overwriting like a pending persist
+  // request until it is replicated. Never asked (0): the sender copies the
+  // newest step.
+  void RequestReplica(uint64_t step);
+  uint64_t requested_replica_step() const;
+  // Sender: every holder acknowledged `step`; put_s: how long sending it to
+  // them took (0: not measured), what the writer paces its requests by.
+  void MarkReplicated(uint64_t step, double put_s = 0);
+  uint64_t replicated_step() const;
+  double replica_put_s() const;
   const std::string& name() const { return name_; }
   int num_slots() const { return num_slots_; }
   bool owner() const { return owner_; }

@@ -528,15 +528,17 @@ TEST(CkptSlotStore, AStepAskedToPersistSurvivesNewerSavesWhileASlowPersisterWrit
   EXPECT_FALSE((*store)->PinStep(4).ok());
 }
 
+// The steps a store holds committed, oldest first.
+std::vector<uint64_t> CommittedSteps(SlotStore* s) {
+  std::vector<uint64_t> steps;
+  for (const SlotInfo& info : s->Inspect()) {
+    if (info.state == SlotState::kCommitted) steps.push_back(info.step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 TEST(CkptSlotStore, ABlockingSaverUsesTwoOfThreeSlotsAndAnOverlappedOneKeepsTwoSteps) {
-  auto committed_steps = [](SlotStore* s) {
-    std::vector<uint64_t> steps;
-    for (const SlotInfo& info : s->Inspect()) {
-      if (info.state == SlotState::kCommitted) steps.push_back(info.step);
-    }
-    std::sort(steps.begin(), steps.end());
-    return steps;
-  };
   auto store = SlotStore::Create(UniqueShmName("keep"), StoreOpts(3));
   ASSERT_TRUE(store.ok());
   StepState st(1, 4096);
@@ -547,7 +549,7 @@ TEST(CkptSlotStore, ABlockingSaverUsesTwoOfThreeSlotsAndAnOverlappedOneKeepsTwoS
       ASSERT_TRUE(writer.Save(step, st.views).ok());
     }
   }
-  EXPECT_EQ(committed_steps(store->get()), (std::vector<uint64_t>{4, 5}));
+  EXPECT_EQ(CommittedSteps(store->get()), (std::vector<uint64_t>{4, 5}));
   int unsized = 0;
   for (const SlotInfo& info : (*store)->Inspect()) unsized += info.capacity == 0 ? 1 : 0;
   EXPECT_EQ(unsized, 1);  // the third slot costs no memory
@@ -558,8 +560,68 @@ TEST(CkptSlotStore, ABlockingSaverUsesTwoOfThreeSlotsAndAnOverlappedOneKeepsTwoS
     st.Fill(step);
     ASSERT_TRUE(overlapped.Save(step, st.views).ok());
     // The two newest before this save survive it.
-    EXPECT_EQ(committed_steps(store->get()), (std::vector<uint64_t>{step - 2, step - 1, step}));
+    EXPECT_EQ(CommittedSteps(store->get()), (std::vector<uint64_t>{step - 2, step - 1, step}));
   }
+}
+
+TEST(CkptSlotStore, TheStepsAskedToReplicateAndTheLastTwoReplicatedOnesOutliveNewerSaves) {
+  // An overlapped saver (keep_newest 2) on an agent's four slots with peer
+  // replicas: the step asked for is kept until the sender says every holder
+  // took it, then the last two replicated steps are kept over the step
+  // before the newest; the writer never fails for them, and a rollback
+  // forgets them.
+  auto store = SlotStore::Create(UniqueShmName("replkeep"), StoreOpts(4));
+  ASSERT_TRUE(store.ok());
+  SlotStore* s = store->get();
+  WriterOptions bg = Opts(1);
+  bg.background = true;
+  CheckpointWriter writer(s, bg);
+  StepState st(1, 100);
+  auto save = [&](uint64_t step) {
+    st.Fill(step);
+    ASSERT_TRUE(writer.Save(step, st.views).ok()) << "step " << step;
+  };
+  save(1);
+  s->RequestReplica(1);
+  EXPECT_EQ(s->requested_replica_step(), 1u);
+  for (uint64_t step = 2; step <= 6; ++step) {
+    save(step);
+    EXPECT_TRUE(s->PinStep(1).ok()) << "save " << step << " overwrote the requested step 1";
+  }
+  s->MarkReplicated(1, 0.25);
+  EXPECT_EQ(s->replicated_step(), 1u);
+  EXPECT_DOUBLE_EQ(s->replica_put_s(), 0.25);
+  save(7);
+  save(8);
+  EXPECT_EQ(CommittedSteps(s), (std::vector<uint64_t>{1, 6, 7, 8}));
+  // Step 8 asked for and replicated: 1 and 8 are the last two now, kept over
+  // the step before the newest.
+  s->RequestReplica(8);
+  s->MarkReplicated(8);
+  EXPECT_DOUBLE_EQ(s->replica_put_s(), 0.25) << "an unmeasured copy keeps the last time";
+  save(9);
+  EXPECT_EQ(CommittedSteps(s), (std::vector<uint64_t>{1, 7, 8, 9}));
+  for (uint64_t step = 10; step <= 12; ++step) {
+    save(step);
+    EXPECT_EQ(CommittedSteps(s), (std::vector<uint64_t>{1, 8, step - 1, step}));
+  }
+  // Every slot but one pinned by readers: the writer overwrites a kept step
+  // (the older replicated one first) rather than fail.
+  auto p11 = s->PinStep(11);
+  auto p12 = s->PinStep(12);
+  ASSERT_TRUE(p11.ok() && p12.ok());
+  save(13);
+  EXPECT_EQ(CommittedSteps(s), (std::vector<uint64_t>{8, 11, 12, 13}));
+  auto p13 = s->PinStep(13);
+  save(14);
+  EXPECT_EQ(CommittedSteps(s), (std::vector<uint64_t>{11, 12, 13, 14}));
+  p11->Release();
+  p12->Release();
+  p13->Release();
+  // A rollback to before step 8 forgets the request and the replicated steps.
+  ASSERT_TRUE(s->DiscardFrom(8).ok());
+  EXPECT_EQ(s->requested_replica_step(), 0u);
+  EXPECT_EQ(s->replicated_step(), 0u);
 }
 
 TEST(CkptSlotStore, AllSlotsPinnedMakesSaveUnavailable) {

@@ -56,6 +56,22 @@ def events(out, rank, kind):
         return [e for e in (json.loads(line) for line in f if line.strip()) if e["event"] == kind]
 
 
+def final_hashes(out, world):
+    """{rank: the weights' sha256 at its last "done" event} for the ranks of
+    a world of `world` that logged one."""
+    return {r: events(out, r, "done")[-1]["sha256"] for r in range(world) if events(out, r, "done")}
+
+
+def assert_resumed_from(test, out, log, step, lost, world):
+    """Every rank's last load was of `step`: the ranks in `lost` (a lost
+    node's) from a peer's replica, the others from their own memory."""
+    for rank in range(world):
+        loads = events(out, rank, "load")
+        test.assertEqual(loads[-1]["step"], step, f"rank {rank}: {loads}\n{log[-4000:]}")
+        want_source = "replica" if rank in lost else "memory"
+        test.assertEqual(loads[-1]["source"], want_source, f"rank {rank}: {loads}\n{log[-4000:]}")
+
+
 def wait_for(what, fn, timeout, interval=0.2):
     """Polls fn() until it returns something true (returned); raises after timeout s."""
     import time

@@ -19,7 +19,7 @@ import os
 import subprocess
 import unittest
 
-from _util import TestCase, events, wait_for
+from _util import TestCase, assert_resumed_from, events, final_hashes, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
@@ -121,13 +121,10 @@ class PeerReplicas(TestCase):
         with open(os.path.join(out, "ckpt", "latest")) as f:  # every step asked was persisted by the end
             self.assertEqual(f.read().strip(), "150")
 
-    def final_hashes(self, out):
-        return {r: events(out, r, "done")[-1]["sha256"] for r in range(WORLD) if events(out, r, "done")}
-
     def test_replacement_node_loads_from_the_peer_replica_and_matches_an_uninterrupted_run(self):
         ref = os.path.join(self.tmp, "ref")
         self.launch(ref, kill=False)
-        want = self.final_hashes(ref)
+        want = final_hashes(ref, WORLD)
         self.assertEqual(len(want), WORLD)
 
         out = os.path.join(self.tmp, "run")
@@ -136,12 +133,8 @@ class PeerReplicas(TestCase):
         self.assertIn("replicas of this node's steps go to the next 1 node(s)", log)
         for rank in (2, 3):
             self.assertRegex(log, rf"rank {rank} step {KILL_STEP} copied from the replica on node node-2")
-        for rank in range(WORLD):
-            loads = events(out, rank, "load")
-            self.assertEqual(loads[-1]["step"], KILL_STEP, f"rank {rank}: {loads}\n{log[-4000:]}")
-            want_source = "replica" if rank in (2, 3) else "memory"
-            self.assertEqual(loads[-1]["source"], want_source, f"rank {rank}: {loads}\n{log[-4000:]}")
-        self.assertEqual(self.final_hashes(out), want)
+        assert_resumed_from(self, out, log, KILL_STEP, (2, 3), WORLD)
+        self.assertEqual(final_hashes(out, WORLD), want)
         # The replacement (node-1-2) is a new agent: its stores are new names.
         starts = events(out, 2, "start")
         self.assertEqual(len(starts), 2)
@@ -174,8 +167,8 @@ class PeerReplicas(TestCase):
         # The same state as from disk, and the same training after it.
         self.assertEqual({r: e["momentum"] for r, e in restored.items()},
                          {r: e["momentum"] for r, e in ref_restored.items()})
-        self.assertEqual(self.final_hashes(out), self.final_hashes(ref_out))
-        self.assertEqual(len(self.final_hashes(out)), 4)
+        self.assertEqual(final_hashes(out, WORLD), final_hashes(ref_out, WORLD))
+        self.assertEqual(len(final_hashes(out, WORLD)), 4)
 
     def test_no_checkpoint_for_the_lost_node_fails_the_job_instead_of_starting_over(self):
         # Nothing on disk, no replicas: the replacement's ranks have no step
@@ -222,7 +215,7 @@ class PeerReplicas(TestCase):
             loads = events(out, rank, "load")
             self.assertEqual(loads[-1]["source"], "disk" if rank in (2, 3) else "memory", f"rank {rank}: {loads}")
             self.assertEqual(loads[-1]["step"], KILL_STEP, f"rank {rank}: {loads}")
-        self.assertEqual(len(self.final_hashes(out)), WORLD)
+        self.assertEqual(len(final_hashes(out, WORLD)), WORLD)
 
 
 if __name__ == "__main__":

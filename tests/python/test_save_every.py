@@ -234,6 +234,87 @@ class PersistPaceTest(unittest.TestCase):
         self.assertEqual(save_policy.PersistPace().share, 0.5)
 
 
+def replicated(paces, clocks, steps, step_s, put_s):
+    """Drives ranks in lockstep (paces[i] with clocks[i], put_s[i] its agent's
+    copy time) as a loop that saves every step; each rank's asked-for steps.
+    Their agreement is the largest wish, as the Checkpointer's all-reduce."""
+    wishes = {}
+
+    def agree_for(i):
+        def agree(k):
+            wishes[i] = k
+            return max(p.wish() for p in paces)
+        return agree
+
+    for i, p in enumerate(paces):
+        p._agree = agree_for(i)
+    asked = [[] for _ in paces]
+    done = [0] * len(paces)
+    for s in range(steps):
+        for i, p in enumerate(paces):
+            clocks[i].t += step_s
+            p.note(s, done[i], put_s[i])
+            if p.wants(s):
+                asked[i].append(s)
+                done[i] = s  # the agent sends it before the next call
+    return asked
+
+
+class ReplicaPaceTest(unittest.TestCase):
+    def pace(self, share, clock):
+        said = []
+        return save_policy.ReplicaPace(share, clock=clock, log=said.append), said
+
+    def test_every_step_goes_while_the_copies_fit_the_share(self):
+        clock = Clock()
+        pace, said = self.pace(0.25, clock)
+        self.assertEqual(replicated([pace], [clock], 80, 0.1, [0.02])[0], list(range(80)))
+        self.assertEqual((pace.every, said), (1, []))
+
+    def test_ranks_that_measure_differently_send_the_same_steps_once_per_block(self):
+        # 0.15 s copies against 0.1 s steps on one node, 0.02 s on the other:
+        # the slower one's k (8: 18.75 % of the time) for both, from the first
+        # agreement after the measurements (step 32) on.
+        clocks = [Clock(), Clock()]
+        (slow, said), (fast, _) = self.pace(0.25, clocks[0]), self.pace(0.25, clocks[1])
+        a, b = replicated([slow, fast], clocks, 100, 0.1, [0.15, 0.02])
+        self.assertEqual((slow.wish(), fast.wish()), (8, 1))
+        self.assertEqual((slow.every, fast.every), (8, 8))
+        self.assertEqual(a, b)
+        self.assertEqual(a, list(range(32)) + [32, 40, 48, 56, 64, 72, 80, 88, 96])
+        self.assertTrue(any("at most once every 8 step(s)" in m and "--ckpt-copy-share" in m for m in said), said)
+        # Cheaper copies later: every step again from the next agreement.
+        for i in range(20):
+            slow.note(99, 1000 + i, 0.01)  # 16 new measurements replace the slow ones
+            fast.note(99, 1000 + i, 0.01)
+        asked = [[s for s in range(100, 140) if p.wants(s)] for p in (slow, fast)]
+        self.assertEqual(asked[0], asked[1])
+        self.assertEqual(asked[0], [104, 112, 120] + list(range(128, 140)))
+        self.assertIn("every saved step", said[-1])
+
+    def test_a_restart_that_goes_back_agrees_again_and_share_one_sends_every_step(self):
+        clock = Clock()
+        pace, _ = self.pace(0.25, clock)
+        replicated([pace], [clock], 64, 0.1, [0.5])
+        self.assertEqual(pace.every, 32)
+        agreed = []
+        pace._agree = lambda k: agreed.append(k) or k
+        self.assertTrue(pace.wants(10))  # back to step 10 (a rollback): agreed again, and sent
+        self.assertEqual(agreed, [32])
+        self.assertTrue(pace.wants(10))  # the same step asked again: the same answer, no collective
+        self.assertEqual(agreed, [32])
+        one = save_policy.ReplicaPace(1, clock=clock, log=lambda m: None)
+        self.assertEqual(replicated([one], [clock], 70, 0.1, [0.5])[0], list(range(70)))
+
+    def test_the_checkpointer_asks_only_under_an_agent_with_peer_holders(self):
+        ckpt = ballast.Checkpointer(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rp-{os.getpid()}"),
+                                    rank=0, world_size=1)
+        self.addCleanup(ckpt.close)
+        self.assertIsNone(ckpt._replica_pace)  # no agent: nothing to send
+        ckpt.save(1, {"w": torch.zeros(4)})
+        self.assertEqual(ckpt._store.requested_replica_step(), 0)
+
+
 class CheckpointerTest(TestCase):
     def test_save_copies_only_the_steps_save_every_picks(self):
         ckpt = ballast.Checkpointer(os.path.join(self.tmp, "c"), rank=0, world_size=1, save_every=3)
