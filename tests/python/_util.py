@@ -98,6 +98,31 @@ def ballast_bin():
     return path
 
 
+TRAIN_CKPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../integration/scripts/train_ckpt.py")
+
+
+def launch_train_ckpt(test, out, *extra, steps, step_time, nodes="2", kill_step=None, kill_rank=2, script_args=(),
+                      timeout=240):
+    """`ballast launch` of train_ckpt.py (real DDP on gloo) on `nodes` nodes x
+    2 workers, 2 restarts allowed, with launch flags `extra`, into `out` (the
+    script's event logs; its flash checkpoint folder out/ckpt); with
+    kill_step, the node of global rank `kill_rank` is lost at that step
+    (node_loss.py). The interpreter: BALLAST_PYTHON, else Debian's. Asserts
+    that the launch exits 0; returns its output."""
+    import subprocess
+    os.makedirs(out)
+    argv = [ballast_bin(), "launch", "--python", os.environ.get("BALLAST_PYTHON", "/usr/bin/python3"),
+            "--nodes", nodes, "--nproc-per-node", "2", "--max-restarts", "2", *extra,
+            TRAIN_CKPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"), "--steps", str(steps),
+            "--step-time", str(step_time), *script_args]
+    if kill_step is not None:
+        argv += ["--kill-node-step", str(kill_step), "--kill-rank", str(kill_rank)]
+    p = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    test.assertEqual(p.returncode, 0, p.stdout[-6000:])
+    return p.stdout
+
+
 def torch2_python():
     """The pinned torch 2.x interpreter (BALLAST_TORCH2_PYTHON, the venv `make` builds)."""
     py = os.environ.get("BALLAST_TORCH2_PYTHON", "")

@@ -19,7 +19,7 @@ import os
 import subprocess
 import unittest
 
-from _util import TestCase, assert_resumed_from, events, final_hashes, wait_for
+from _util import TestCase, assert_resumed_from, events, final_hashes, launch_train_ckpt, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
@@ -65,17 +65,8 @@ def threads(pid):
 
 class PeerReplicas(TestCase):
     def launch(self, out, *extra, kill=True, nodes="3", kill_rank=2, script_args=()):
-        os.makedirs(out)
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        argv = [BIN, "launch", "--python", PYTHON, "--nodes", nodes, "--nproc-per-node", "2",
-                "--max-restarts", "2", *extra, SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"),
-                "--steps", str(STEPS), "--step-time", "0.05", *script_args]
-        if kill:
-            argv += ["--kill-node-step", str(KILL_STEP), "--kill-rank", str(kill_rank)]
-        p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=240)
-        self.assertEqual(p.returncode, 0, p.stdout[-6000:])
-        return p.stdout
+        return launch_train_ckpt(self, out, *extra, steps=STEPS, step_time=0.05, nodes=nodes,
+                                 kill_step=KILL_STEP if kill else None, kill_rank=kill_rank, script_args=script_args)
 
     def test_the_copy_threads_yield_the_cores_to_training(self):
         # 2 nodes x 1 worker, every step saved, persisted and replicated: the

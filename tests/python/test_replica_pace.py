@@ -15,33 +15,18 @@ weights are bit for bit those of an uninterrupted run.
 
 import os
 import re
-import subprocess
 import unittest
 
-from _util import TestCase, assert_resumed_from, events, final_hashes
+from _util import TestCase, assert_resumed_from, events, final_hashes, launch_train_ckpt
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.environ.get("BALLAST_BIN", os.path.join(HERE, "../../build/bin/ballast"))
-if not os.access(BIN, os.X_OK):  # a missing build is a failure, not a skip
-    raise RuntimeError(f"no ballast binary at {BIN}: run `make` (or set BALLAST_BIN)")
-PYTHON = os.environ.get("BALLAST_PYTHON", "/usr/bin/python3")
-SCRIPT = os.path.join(HERE, "../integration/scripts/train_ckpt.py")
 WORLD, STEPS, KILL_STEP = 4, 50, 45  # 45: never the first of a block of a power of two
 AGREE_STEPS = 32  # save_policy._REPLICA_AGREE_STEPS: the ranks agree at steps 0, 32, 64, ...
 
 
 class PacedReplicas(TestCase):
     def launch(self, out, *extra, kill=True):
-        os.makedirs(out)
-        argv = [BIN, "launch", "--python", PYTHON, "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2",
-                *extra, SCRIPT, "--out", out, "--ckpt", os.path.join(out, "ckpt"), "--steps", str(STEPS),
-                "--step-time", "0.02", "--no-persist"]
-        if kill:
-            argv += ["--kill-node-step", str(KILL_STEP), "--kill-rank", "2"]
-        p = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=200)
-        self.assertEqual(p.returncode, 0, p.stdout[-6000:])
-        return p.stdout
+        return launch_train_ckpt(self, out, *extra, steps=STEPS, step_time=0.02, kill_step=KILL_STEP if kill else None,
+                                 script_args=["--no-persist"], timeout=200)
 
     def test_a_lost_node_resumes_from_the_last_paced_replica_with_the_survivors_memory(self):
         ref = os.path.join(self.tmp, "ref")
