@@ -603,10 +603,15 @@ class Checkpointer:
         self._pace = _save_policy.PersistPace(copy_share) if self.agent else None
         # Under an agent that sends this rank's steps to peer nodes, which
         # copied saves it sends: the same steps on every rank (a collective).
-        peers = os.environ.get(_save_policy.ENV_REPLICA_PEERS, "") if self.agent else ""
+        # Every rank under an agent takes part in the agreement, whether its
+        # agent sends replicas or not (agents started with different
+        # --ckpt-replicas must not leave a collective half joined); only the
+        # ones whose agent sends ask for copies.
+        self._replicas_on = os.environ.get(_save_policy.ENV_REPLICA_PEERS, "") not in ("", "0")
         self._replica_pace = _save_policy.ReplicaPace(
-            copy_share, agree=lambda k: me()._agree_interval(k) if me() is not None else k
-        ) if peers not in ("", "0") else None
+            copy_share, agree=lambda k: me()._agree_interval(k) if me() is not None else k,
+            log=None if self._replicas_on else (lambda msg: None)
+        ) if self.agent else None
         self._pending_replica = None  # the step of a save(blocking=False) to send to the peers once copied
         self._thinned = None  # the newest persist=True step the pace left out
 
@@ -710,7 +715,8 @@ class Checkpointer:
         if persist and self._pace is not None and not self._pace.wants(step):
             persist = False  # kept in memory; wait() writes the newest one left out
             self._thinned = step
-        replicate = self._replica_pace is not None and self._replica_pace.wants(step)
+        # wants() first: it is collective on every rank under an agent.
+        replicate = self._replica_pace is not None and self._replica_pace.wants(step) and self._replicas_on
         self.wait_saved()
         t0 = time.perf_counter()
         try:

@@ -13,11 +13,12 @@ import re
 import subprocess
 import threading
 import unittest
+import unittest.mock
 
 import torch
 
 import ballast
-from ballast import save_policy
+from ballast import _ballast, save_policy
 from _health_job import BIN, HealthJob
 from _util import TestCase
 
@@ -306,13 +307,36 @@ class ReplicaPaceTest(unittest.TestCase):
         one = save_policy.ReplicaPace(1, clock=clock, log=lambda m: None)
         self.assertEqual(replicated([one], [clock], 70, 0.1, [0.5])[0], list(range(70)))
 
-    def test_the_checkpointer_asks_only_under_an_agent_with_peer_holders(self):
+    def test_every_rank_under_an_agent_agrees_and_only_those_with_peer_holders_ask(self):
         ckpt = ballast.Checkpointer(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rp-{os.getpid()}"),
                                     rank=0, world_size=1)
         self.addCleanup(ckpt.close)
-        self.assertIsNone(ckpt._replica_pace)  # no agent: nothing to send
+        self.assertIsNone(ckpt._replica_pace)  # no agent: nothing to send, nothing to agree on
         ckpt.save(1, {"w": torch.zeros(4)})
         self.assertEqual(ckpt._store.requested_replica_step(), 0)
+        # Under an agent (its store), whether or not the agent sends replicas
+        # (BALLAST_CKPT_REPLICA_PEERS), the rank joins the agreement at steps 0
+        # and 32 (ranks whose agents were started with different
+        # --ckpt-replicas must not leave the collective half joined); only a
+        # rank with peer holders asks for copies.
+        for peers, want_requested in (("", 0), ("0", 0), ("1", 39)):
+            name = f"/ballast-test-rp-{os.getpid()}-{id(self)}-{peers or 'unset'}"
+            agent_store = _ballast.create_store(name)  # plays the agent: owns the memory
+            self.addCleanup(agent_store.close)
+            env = {k: v for k, v in os.environ.items() if k != save_policy.ENV_REPLICA_PEERS}
+            if peers:
+                env[save_policy.ENV_REPLICA_PEERS] = peers
+            with unittest.mock.patch.dict(os.environ, env, clear=True):
+                c = ballast.Checkpointer(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rp-{os.getpid()}-{peers}"),
+                                         shm=name, rank=0, world_size=1)
+            self.addCleanup(c.close)
+            agreed = []
+            c._agree_interval = lambda k: agreed.append(k) or k
+            for step in range(40):
+                c.save(step, {"w": torch.full((4,), float(step))})
+            c.wait_saved()
+            self.assertEqual(agreed, [1, 1], peers)
+            self.assertEqual(agent_store.requested_replica_step(), want_requested, peers)
 
 
 class CheckpointerTest(TestCase):
