@@ -676,6 +676,14 @@ class Checkpointer:
         call with ``persist=True`` does); the others return at once. Returns
         whether this call copied.
 
+        Every rank of the world saves the same steps (a restore needs one step
+        that every rank holds), and some calls are collective (one
+        all-reduce of one integer): under ``ballast run`` the first copied
+        save and one every 32 steps after (the ranks agree on which copies go
+        to the peer nodes), and with ``save_every="auto"`` the calls that
+        choose the interval. So every rank calls ``save`` for the same steps,
+        as it calls its training collectives.
+
         Tensors (any dtype and shape, non-contiguous or on CUDA) are copied from
         their memory with the GIL released; everything else is encoded without
         pickle. With ``persist=True`` the step is also queued to be written to
